@@ -1,0 +1,167 @@
+# ERA5: (demo generation | download) -> weights -> per-year regrid -> statistics -> split stores
+# + climatology. Per-year jobs are independent, so a cluster runs them in parallel.
+
+ERA5 = config.get("era5", {})
+ERA5_SPLITS = ("train", "val", "test")
+
+
+wildcard_constraints:
+    year=r"\d{4}",
+
+ERA5_WEIGHTS = f"{RESULTS}/era5/weights/{ERA5.get('regrid', {}).get('method', 'bilinear')}_{ERA5.get('grid', 5.625)}deg.nc"
+
+
+def era5_years(split=None):
+    splits = [split] if split else ERA5_SPLITS
+    return sorted(y for s in splits for y in ERA5["years"][s])
+
+
+def era5_year_store(year):
+    return f"{RESULTS}/era5/years/{year}.zarr"
+
+
+def era5_inputs(year):
+    paths = era5_input_paths(ERA5, int(year))
+    return paths + ([ERA5["constants"]] if ERA5.get("constants") else [])
+
+
+def era5_outputs():
+    return [
+        *expand(f"{RESULTS}/era5/{{split}}.zarr", split=ERA5_SPLITS),
+        f"{RESULTS}/era5/climatology.zarr",
+    ]
+
+
+if ERA5.get("demo"):
+
+    rule era5_demo_year:
+        output:
+            ERA5["inputs"],
+        log:
+            f"{LOGS}/era5_demo_{{year}}.log",
+        params:
+            cfg=config_arg("era5"),
+            outdir=lambda w, output: Path(output[0]).parent,
+        shell:
+            "{DCHAG} demo-era5 --config {params.cfg} --year {wildcards.year} --outdir {params.outdir} > {log} 2>&1"
+
+    if ERA5.get("constants"):
+
+        rule era5_demo_constants:
+            output:
+                ERA5["constants"],
+            log:
+                f"{LOGS}/era5_demo_constants.log",
+            params:
+                cfg=config_arg("era5"),
+                outdir=lambda w, output: Path(output[0]).parent,
+            shell:
+                "{DCHAG} demo-era5 --config {params.cfg} --constants-only --outdir {params.outdir} > {log} 2>&1"
+
+
+if ERA5.get("download"):
+
+    rule download_era5_year:
+        output:
+            next(p for p in ERA5["inputs"] if "{year}" in p),
+        log:
+            f"{LOGS}/download_era5_{{year}}.log",
+        params:
+            cfg=config_arg("era5"),
+            source=ERA5.get("download"),
+        resources:
+            runtime=720,
+        shell:
+            "{DCHAG} download-era5 --config {params.cfg} --year {wildcards.year} --source {params.source} "
+            "--output {output} > {log} 2>&1"
+
+    rule download_era5:
+        input:
+            [p.format(year=y) for y in era5_years() for p in ERA5["inputs"] if "{year}" in p],
+
+
+rule era5_weights:
+    input:
+        era5_inputs(era5_years("train")[0]),
+    output:
+        ERA5_WEIGHTS,
+    log:
+        f"{LOGS}/era5_weights.log",
+    params:
+        cfg=config_arg("era5"),
+        year=lambda w: era5_years("train")[0],
+    conda:
+        "../../envs/preprocess.yaml"
+    shell:
+        "{DCHAG} era5-weights --config {params.cfg} --year {params.year} --output {output} > {log} 2>&1"
+
+
+rule era5_year:
+    input:
+        files=lambda w: era5_inputs(w.year),
+        weights=ERA5_WEIGHTS,
+    output:
+        directory(f"{RESULTS}/era5/years/{{year}}.zarr"),
+    log:
+        f"{LOGS}/era5_year_{{year}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/era5_year_{{year}}.tsv"
+    params:
+        cfg=config_arg("era5"),
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    conda:
+        "../../envs/preprocess.yaml"
+    shell:
+        "{DCHAG} era5-year --config {params.cfg} --year {wildcards.year} --weights {input.weights} "
+        "--output {output} > {log} 2>&1"
+
+
+rule era5_stats:
+    input:
+        [era5_year_store(y) for y in era5_years("train")],
+    output:
+        f"{RESULTS}/era5/normalization.json",
+    log:
+        f"{LOGS}/era5_stats.log",
+    params:
+        cfg=config_arg("era5"),
+    conda:
+        "../../envs/preprocess.yaml"
+    shell:
+        "{DCHAG} era5-stats --config {params.cfg} --output {output} {input} > {log} 2>&1"
+
+
+rule era5_split:
+    input:
+        years=lambda w: [era5_year_store(y) for y in era5_years(w.split)],
+        stats=rules.era5_stats.output,
+    output:
+        directory(f"{RESULTS}/era5/{{split}}.zarr"),
+    log:
+        f"{LOGS}/era5_split_{{split}}.log",
+    params:
+        cfg=config_arg("era5"),
+    wildcard_constraints:
+        split="train|val|test",
+    conda:
+        "../../envs/preprocess.yaml"
+    shell:
+        "{DCHAG} era5-split --config {params.cfg} --split {wildcards.split} --stats {input.stats} "
+        "--output {output} {input.years} > {log} 2>&1"
+
+
+rule era5_climatology:
+    input:
+        lambda w: [era5_year_store(y) for y in era5_years(ERA5.get("climatology_split", "test"))],
+    output:
+        directory(f"{RESULTS}/era5/climatology.zarr"),
+    log:
+        f"{LOGS}/era5_climatology.log",
+    params:
+        cfg=config_arg("era5"),
+    conda:
+        "../../envs/preprocess.yaml"
+    shell:
+        "{DCHAG} era5-climatology --config {params.cfg} --output {output} {input} > {log} 2>&1"
