@@ -31,7 +31,7 @@ def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr
         raise InputError(f"{what} not found: {path}")
     try:
         if is_zarr:
-            ds = xr.open_zarr(path, consolidated=None, chunks=None)
+            ds = xr.open_zarr(path, consolidated=None if "://" in path else _has_consolidated(Path(path)), chunks=None)
         else:
             ds = xr.open_dataset(path, chunks=None, cache=False)
     except Exception as err:  # netCDF4/h5py/zarr raise many types for damaged files
@@ -42,6 +42,13 @@ def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr
         return ds
     rename = {old: new for old, new in (("valid_time", "time"), ("pressure_level", "level")) if old in ds.dims or old in ds.coords}
     return ds.rename(rename)
+
+def _has_consolidated(path: Path) -> bool:
+    meta = path / "zarr.json"
+    if (path / ".zmetadata").exists():
+        return True
+    return meta.exists() and '"consolidated_metadata": {' in meta.read_text().replace('":{', '": {')
+
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():

@@ -107,6 +107,7 @@ def preprocess_year(era5: dict, year: int, weights_file: str | Path, output: str
                 "year": year,
                 "units_note": "physical units (not normalised)",
                 "source_files": [*source.paths, *([era5["constants"]] if era5.get("constants") else [])],
+                "source_note": "; ".join(source.source_notes) or "ERA5",
                 "source_grid": source.grid.describe(),
                 "grid": f"WeatherBench {era5.get('grid', 5.625)} deg: {target.describe()}",
                 "regrid_method": method,

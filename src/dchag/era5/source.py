@@ -80,6 +80,11 @@ class Era5Year:
             if not other.same_as(self.grid):
                 raise GridError(f"{path} is on grid {other.describe()}, but {first_path} is on {self.grid.describe()}")
         self.times = self._year_times(era5.get("time_step_hours", 6))
+        # Carried into every store made from these files (the demo inputs say "synthetic").
+        self.source_notes = sorted({str(ds.attrs["source"]) for ds in self._all() if "source" in ds.attrs})
+
+    def _all(self) -> list[xr.Dataset]:
+        return [*self.datasets.values(), *([self._const] if self._const is not None else [])]
 
     def _locate(self, ch: Channel) -> tuple[xr.Dataset, str, str]:
         candidates = list(self.datasets.items())
@@ -155,7 +160,5 @@ class Era5Year:
         return np.asarray(out, dtype=np.float32)
 
     def close(self) -> None:
-        for ds in self.datasets.values():
+        for ds in self._all():
             ds.close()
-        if self._const is not None:
-            self._const.close()

@@ -46,7 +46,9 @@ class RegridWeights:
         self.source_rows = np.unique(cols // self.source.shape[1])
         nlon = self.source.shape[1]
         keep = (self.source_rows[:, None] * nlon + np.arange(nlon)[None, :]).ravel()
-        self._compact_t = self.matrix[:, keep].T.tocsr()  # (rows*nlon, target.size)
+        compact = self.matrix[:, keep].tocsr()  # (target.size, rows * nlon)
+        # One copy per dtype, so float32 data is multiplied without upcasting the whole field.
+        self._compact = {np.dtype(np.float64): compact, np.dtype(np.float32): compact.astype(np.float32)}
 
     @classmethod
     def build(cls, source: LatLonGrid, target: LatLonGrid, method: str) -> "RegridWeights":
@@ -66,14 +68,17 @@ class RegridWeights:
                 f"expected the {self.source_rows.size} weighted source rows x {self.source.shape[1]} longitudes, "
                 f"got trailing shape {rows.shape[-2:]}"
             )
-        flat = np.ascontiguousarray(rows.reshape(-1, rows.shape[-2] * rows.shape[-1]))
-        out = (self._compact_t.T @ flat.T).T if flat.shape[0] else np.empty((0, self.target.size))
-        return np.asarray(out, dtype=np.result_type(rows.dtype, np.float32)).reshape(*lead, *self.target.shape)
+        dtype = np.dtype(np.float32) if rows.dtype.itemsize <= 4 and rows.dtype.kind == "f" else np.dtype(np.float64)
+        flat = np.ascontiguousarray(rows.reshape(-1, rows.shape[-2] * rows.shape[-1]), dtype=dtype)
+        out = (self._compact[dtype] @ flat.T).T
+        return out.reshape(*lead, *self.target.shape)
 
     def apply(self, data: np.ndarray) -> np.ndarray:
         """Regrid an array whose last two axes are the source (lat, lon) as stored."""
         if data.shape[-2:] != self.source.shape:
             raise GridError(f"data grid shape {data.shape[-2:]} does not match the weights' source grid {self.source.shape}")
+        if self.source_rows.size == self.source.shape[0]:
+            return self.apply_rows(data)  # every row is weighted (e.g. conservative): no gather
         return self.apply_rows(np.take(data, self.source_rows, axis=-2))
 
     # -- files ------------------------------------------------------------------------------

@@ -1,0 +1,55 @@
+"""Shared fixtures: small ERA5-layout inputs written by the real writers (netCDF4 via xarray)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from dchag.config import validate
+from dchag.era5 import demo
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+REGRID_DATA = SHARED / "data" / "regrid"
+LEVELS = [500, 850]
+
+
+def small_era5_config(root: Path, years=(2001, 2002, 2003)) -> dict:
+    train, val, test = years
+    return validate(
+        {
+            "name": "t",
+            "era5": {
+                "inputs": [str(root / "pressure_levels_{year}.nc"), str(root / "single_levels_{year}.nc")],
+                "constants": str(root / "constants.nc"),
+                "years": {"train": [train], "val": [val], "test": [test]},
+                "time_step_hours": 24,
+                "channels": {
+                    "pressure_level": {"variables": ["geopotential", "temperature"], "levels": LEVELS},
+                    "single_level": ["2m_temperature", "10m_u_component_of_wind"],
+                    "constants": ["land_sea_mask"],
+                },
+                "grid": 5.625,
+                "regrid": {"method": "bilinear", "backend": "builtin"},
+                "time_chunk": 4,
+            },
+        },
+        "test config",
+    )
+
+
+@pytest.fixture(scope="session")
+def era5_files(tmp_path_factory) -> Path:
+    """Three 10-day years of synthetic ERA5-layout netCDF on a 3.75 deg grid, plus constants."""
+    root = tmp_path_factory.mktemp("era5")
+    for year in (2001, 2002, 2003):
+        demo.write_year(root, year, 3.75, LEVELS, time_step_hours=24, days=10)
+    demo.write_constants(root, 3.75)
+    return root
+
+
+@pytest.fixture
+def era5_config(era5_files) -> dict:
+    return copy.deepcopy(small_era5_config(era5_files))
