@@ -67,3 +67,11 @@ def test_bad_config_stops_before_any_job(tmp_path, edit, expected):
     assert proc.returncode != 0
     assert expected in proc.stderr + proc.stdout
     assert not (tmp_path / "results").exists()
+
+
+def test_workflow_is_lint_clean_and_formatted():
+    proc = subprocess.run([*SNAKEMAKE, "--lint", "--directory", str(REPO)], capture_output=True, text=True)
+    assert proc.returncode == 0 and "good condition" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    fmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent))
+    proc = subprocess.run([fmt, "--check", "Snakefile", "workflow/rules"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -20,7 +20,9 @@ LOGS = f"logs/{config['name']}"
 
 # With --use-conda the package runs from this checkout inside the rule's environment.
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-    DCHAG = f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))} python -m dchag"
+    DCHAG = (
+        f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))} python -m dchag"
+    )
 else:
     DCHAG = "dchag"
 
@@ -30,7 +32,37 @@ def config_arg(*sections):
     when its own sections change and not when another's do."""
     cfg = {"name": config["name"], **{s: config[s] for s in sections}}
     quoted = shlex.quote(json.dumps(cfg, sort_keys=True))
-    return lambda wildcards: quoted  # a function, so "{year}" inside is not taken as a wildcard
+    return (
+        lambda wildcards: quoted
+    )  # a function, so "{year}" inside is not taken as a wildcard
+
+
+# -- ERA5 ----------------------------------------------------------------------------------
+ERA5 = config.get("era5", {})
+ERA5_SPLITS = ("train", "val", "test")
+
+ERA5_WEIGHTS = f"{RESULTS}/era5/weights/{ERA5.get('regrid', {}).get('method', 'bilinear')}_{ERA5.get('grid', 5.625)}deg.nc"
+
+
+def era5_years(split=None):
+    splits = [split] if split else ERA5_SPLITS
+    return sorted(y for s in splits for y in ERA5["years"][s])
+
+
+def era5_year_store(year):
+    return f"{RESULTS}/era5/years/{year}.zarr"
+
+
+def era5_inputs(year):
+    paths = era5_input_paths(ERA5, int(year))
+    return paths + ([ERA5["constants"]] if ERA5.get("constants") else [])
+
+
+def era5_outputs():
+    return [
+        *expand(f"{RESULTS}/era5/{{split}}.zarr", split=ERA5_SPLITS),
+        f"{RESULTS}/era5/climatology.zarr",
+    ]
 
 
 def all_outputs():

@@ -1,35 +1,9 @@
 # ERA5: (demo generation | download) -> weights -> per-year regrid -> statistics -> split stores
 # + climatology. Per-year jobs are independent, so a cluster runs them in parallel.
 
-ERA5 = config.get("era5", {})
-ERA5_SPLITS = ("train", "val", "test")
-
 
 wildcard_constraints:
     year=r"\d{4}",
-
-ERA5_WEIGHTS = f"{RESULTS}/era5/weights/{ERA5.get('regrid', {}).get('method', 'bilinear')}_{ERA5.get('grid', 5.625)}deg.nc"
-
-
-def era5_years(split=None):
-    splits = [split] if split else ERA5_SPLITS
-    return sorted(y for s in splits for y in ERA5["years"][s])
-
-
-def era5_year_store(year):
-    return f"{RESULTS}/era5/years/{year}.zarr"
-
-
-def era5_inputs(year):
-    paths = era5_input_paths(ERA5, int(year))
-    return paths + ([ERA5["constants"]] if ERA5.get("constants") else [])
-
-
-def era5_outputs():
-    return [
-        *expand(f"{RESULTS}/era5/{{split}}.zarr", split=ERA5_SPLITS),
-        f"{RESULTS}/era5/climatology.zarr",
-    ]
 
 
 if ERA5.get("demo"):
@@ -39,11 +13,14 @@ if ERA5.get("demo"):
             ERA5["inputs"],
         log:
             f"{LOGS}/era5_demo_{{year}}.log",
+        conda:
+            "../../envs/preprocess.yaml"
         params:
+            dchag=DCHAG,
             cfg=config_arg("era5"),
             outdir=lambda w, output: Path(output[0]).parent,
         shell:
-            "{DCHAG} demo-era5 --config {params.cfg} --year {wildcards.year} --outdir {params.outdir} > {log} 2>&1"
+            "{params.dchag} demo-era5 --config {params.cfg} --year {wildcards.year} --outdir {params.outdir} > {log} 2>&1"
 
     if ERA5.get("constants"):
 
@@ -52,11 +29,14 @@ if ERA5.get("demo"):
                 ERA5["constants"],
             log:
                 f"{LOGS}/era5_demo_constants.log",
+            conda:
+                "../../envs/preprocess.yaml"
             params:
+                dchag=DCHAG,
                 cfg=config_arg("era5"),
                 outdir=lambda w, output: Path(output[0]).parent,
             shell:
-                "{DCHAG} demo-era5 --config {params.cfg} --constants-only --outdir {params.outdir} > {log} 2>&1"
+                "{params.dchag} demo-era5 --config {params.cfg} --constants-only --outdir {params.outdir} > {log} 2>&1"
 
 
 if ERA5.get("download"):
@@ -66,18 +46,26 @@ if ERA5.get("download"):
             next(p for p in ERA5["inputs"] if "{year}" in p),
         log:
             f"{LOGS}/download_era5_{{year}}.log",
-        params:
-            cfg=config_arg("era5"),
-            source=ERA5.get("download"),
+        conda:
+            "../../envs/preprocess.yaml"
         resources:
             runtime=720,
+        params:
+            dchag=DCHAG,
+            cfg=config_arg("era5"),
+            source=ERA5.get("download"),
         shell:
-            "{DCHAG} download-era5 --config {params.cfg} --year {wildcards.year} --source {params.source} "
+            "{params.dchag} download-era5 --config {params.cfg} --year {wildcards.year} --source {params.source} "
             "--output {output} > {log} 2>&1"
 
     rule download_era5:
         input:
-            [p.format(year=y) for y in era5_years() for p in ERA5["inputs"] if "{year}" in p],
+            [
+                p.format(year=y)
+                for y in era5_years()
+                for p in ERA5["inputs"]
+                if "{year}" in p
+            ],
 
 
 rule era5_weights:
@@ -87,13 +75,14 @@ rule era5_weights:
         ERA5_WEIGHTS,
     log:
         f"{LOGS}/era5_weights.log",
-    params:
-        cfg=config_arg("era5"),
-        year=lambda w: era5_years("train")[0],
     conda:
         "../../envs/preprocess.yaml"
+    params:
+        dchag=DCHAG,
+        cfg=config_arg("era5"),
+        year=lambda w: era5_years("train")[0],
     shell:
-        "{DCHAG} era5-weights --config {params.cfg} --year {params.year} --output {output} > {log} 2>&1"
+        "{params.dchag} era5-weights --config {params.cfg} --year {params.year} --output {output} > {log} 2>&1"
 
 
 rule era5_year:
@@ -106,15 +95,16 @@ rule era5_year:
         f"{LOGS}/era5_year_{{year}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/era5_year_{{year}}.tsv"
-    params:
-        cfg=config_arg("era5"),
+    conda:
+        "../../envs/preprocess.yaml"
     resources:
         mem_mb=4000,
         runtime=120,
-    conda:
-        "../../envs/preprocess.yaml"
+    params:
+        dchag=DCHAG,
+        cfg=config_arg("era5"),
     shell:
-        "{DCHAG} era5-year --config {params.cfg} --year {wildcards.year} --weights {input.weights} "
+        "{params.dchag} era5-year --config {params.cfg} --year {wildcards.year} --weights {input.weights} "
         "--output {output} > {log} 2>&1"
 
 
@@ -125,12 +115,13 @@ rule era5_stats:
         f"{RESULTS}/era5/normalization.json",
     log:
         f"{LOGS}/era5_stats.log",
-    params:
-        cfg=config_arg("era5"),
     conda:
         "../../envs/preprocess.yaml"
+    params:
+        dchag=DCHAG,
+        cfg=config_arg("era5"),
     shell:
-        "{DCHAG} era5-stats --config {params.cfg} --output {output} {input} > {log} 2>&1"
+        "{params.dchag} era5-stats --config {params.cfg} --output {output} {input} > {log} 2>&1"
 
 
 rule era5_split:
@@ -141,27 +132,32 @@ rule era5_split:
         directory(f"{RESULTS}/era5/{{split}}.zarr"),
     log:
         f"{LOGS}/era5_split_{{split}}.log",
-    params:
-        cfg=config_arg("era5"),
     wildcard_constraints:
         split="train|val|test",
     conda:
         "../../envs/preprocess.yaml"
+    params:
+        dchag=DCHAG,
+        cfg=config_arg("era5"),
     shell:
-        "{DCHAG} era5-split --config {params.cfg} --split {wildcards.split} --stats {input.stats} "
+        "{params.dchag} era5-split --config {params.cfg} --split {wildcards.split} --stats {input.stats} "
         "--output {output} {input.years} > {log} 2>&1"
 
 
 rule era5_climatology:
     input:
-        lambda w: [era5_year_store(y) for y in era5_years(ERA5.get("climatology_split", "test"))],
+        lambda w: [
+            era5_year_store(y)
+            for y in era5_years(ERA5.get("climatology_split", "test"))
+        ],
     output:
         directory(f"{RESULTS}/era5/climatology.zarr"),
     log:
         f"{LOGS}/era5_climatology.log",
-    params:
-        cfg=config_arg("era5"),
     conda:
         "../../envs/preprocess.yaml"
+    params:
+        dchag=DCHAG,
+        cfg=config_arg("era5"),
     shell:
-        "{DCHAG} era5-climatology --config {params.cfg} --output {output} {input} > {log} 2>&1"
+        "{params.dchag} era5-climatology --config {params.cfg} --output {output} {input} > {log} 2>&1"
