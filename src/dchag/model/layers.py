@@ -1,0 +1,213 @@
+"""Building blocks of the channel-aggregating ViT, each written for one device.
+
+Tensor parallelism is applied to these from outside (``dchag.parallel``): attention uses
+separate q/k/v projections and a head count read from the projected width, so a
+column-parallel q/k/v and a row-parallel output projection give each rank its own heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """(n,) positions -> (n, dim) sin-cos features (dim even)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half)
+    angles = positions.to(torch.float64)[:, None] * freqs[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1).to(torch.float32)
+
+
+def sincos_2d(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
+    """(grid_h * grid_w, dim) 2-D sin-cos position embedding (half the width per axis)."""
+    ys, xs = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
+    return torch.cat([sincos_1d(ys.reshape(-1), dim // 2), sincos_1d(xs.reshape(-1), dim // 2)], dim=-1)
+
+
+class ChannelTokenizer(nn.Module):
+    """A separate patch embedding for every channel (ClimaX's per-variable Conv2d(1, D, p, p)),
+    held as one (C, D, p*p) weight, plus a channel embedding.
+
+    ``channel_ids`` says which global channels this module holds, in order; a parallelization
+    that keeps a slice of the channels slices the parameters and the ids together.
+    """
+
+    def __init__(self, num_channels: int, embed_dim: int, patch_size: int, wavelengths: list[float] | None = None):
+        super().__init__()
+        self.patch_size = patch_size
+        self.embed_dim = embed_dim
+        k = patch_size * patch_size
+        self.weight = nn.Parameter(torch.empty(num_channels, embed_dim, k))
+        self.bias = nn.Parameter(torch.zeros(num_channels, embed_dim))
+        bound = 1 / math.sqrt(k)
+        nn.init.uniform_(self.weight, -bound, bound)
+        self.register_buffer("channel_ids", torch.arange(num_channels), persistent=False)
+        if wavelengths is None:
+            # ClimaX: a learned channel embedding initialised with sin-cos of the channel index.
+            self.channel_embed = nn.Parameter(sincos_1d(torch.arange(num_channels), embed_dim))
+            self.register_buffer("wavelengths", None, persistent=False)
+            self.wavelength_proj = None
+        else:
+            # Hyperspectral: a fixed sin-cos code of the band centre (nm) through a learned
+            # projection, so a trained model can take another band set.
+            self.channel_embed = None
+            self.register_buffer("wavelengths", torch.as_tensor(wavelengths, dtype=torch.float32), persistent=False)
+            self.wavelength_proj = nn.Linear(embed_dim, embed_dim)
+
+    def keep_channels(self, start: int, stop: int) -> None:
+        """Hold only channels [start, stop) of those held now (D-CHAG's distributed tokenization)."""
+        with torch.no_grad():
+            self.weight = nn.Parameter(self.weight[start:stop].clone())
+            self.bias = nn.Parameter(self.bias[start:stop].clone())
+            if self.channel_embed is not None:
+                self.channel_embed = nn.Parameter(self.channel_embed[start:stop].clone())
+            else:
+                self.wavelengths = self.wavelengths[start:stop].clone()
+        self.channel_ids = self.channel_ids[start:stop].clone()
+
+    def channel_embedding(self) -> torch.Tensor:
+        if self.channel_embed is not None:
+            return self.channel_embed
+        return self.wavelength_proj(sincos_1d(self.wavelengths, self.embed_dim, max_period=5000.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C_held, H, W) -> (B, C_held, L, D)."""
+        b, c, h, w = x.shape
+        p = self.patch_size
+        if c != self.weight.shape[0]:
+            raise ValueError(f"tokenizer holds {self.weight.shape[0]} channels, input has {c}")
+        patches = x.reshape(b, c, h // p, p, w // p, p).permute(0, 1, 2, 4, 3, 5).reshape(b, c, -1, p * p)
+        tokens = torch.einsum("bclk,cdk->bcld", patches, self.weight) + self.bias[None, :, None, :]
+        return tokens + self.channel_embedding()[None, :, None, :]
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention of ``query`` tokens over ``context`` tokens (no norm, no residual).
+
+    Heads are inferred from the projected width, so under tensor parallelism (q/k/v
+    column-parallel, ``proj`` row-parallel) each rank runs its own heads unchanged.
+    """
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.head_dim = dim // num_heads
+        self.wq = nn.Linear(dim, dim)
+        self.wk = nn.Linear(dim, dim)
+        self.wv = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """query (N, Q, D), context (N, S, D) -> (N, Q, D)."""
+        n, q_len, _ = query.shape
+        s_len = context.shape[1]
+        q = self.wq(query).reshape(n, q_len, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(context).reshape(n, s_len, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(context).reshape(n, s_len, -1, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(n, q_len, -1))
+
+
+class QueryAggregator(nn.Module):
+    """One learned query, initialised to zero, cross-attends over a set of tokens at every
+    patch location: ClimaX's variable aggregation, D-CHAG's final aggregation, and the -C
+    partial aggregator. (B, S, L, D) -> (B, L, D)."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(1, 1, dim))
+        self.attn = CrossAttention(dim, num_heads)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        b, s, l, d = tokens.shape
+        context = tokens.permute(0, 2, 1, 3).reshape(b * l, s, d)
+        out = self.attn(self.query.expand(b * l, -1, -1), context)
+        return out.reshape(b, l, d)
+
+
+class LinearAggregator(nn.Module):
+    """D-CHAG's -L partial aggregator: a learned weighted sum over the channels plus a bias
+    (one scalar per channel, shared over patches and width). (B, S, L, D) -> (B, L, D)."""
+
+    def __init__(self, num_inputs: int):
+        super().__init__()
+        self.mix = nn.Linear(num_inputs, 1)
+        with torch.no_grad():  # start as the mean, like the zero-query attention does
+            self.mix.weight.fill_(1.0 / num_inputs)
+            self.mix.bias.zero_()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bsld,s->bld", tokens, self.mix.weight[0]) + self.mix.bias
+
+
+class PartialAggregator(nn.Module):
+    """Reduces one channel group's tokens to one token per patch: -L or -C, flat (Tree0) or
+    as a two-level tree (TreeK): K equal sub-groups, one shared level-1 module reduces each
+    to a token, a level-2 module reduces the K tokens to one. For -C both levels are the same
+    module (no extra parameters); for -L they are Linear(C_g/K, 1) and Linear(K, 1)."""
+
+    def __init__(self, kind: str, num_channels: int, dim: int, num_heads: int, tree: int = 0):
+        super().__init__()
+        self.kind = kind
+        self.tree = tree
+        if tree and num_channels % tree:
+            raise ValueError(f"tree {tree} does not divide a group of {num_channels} channels")
+        if tree and tree > num_channels:
+            raise ValueError(f"tree {tree} is larger than a group of {num_channels} channels")
+        if kind == "linear":
+            self.level1 = LinearAggregator(num_channels // tree if tree else num_channels)
+            self.level2 = LinearAggregator(tree) if tree else None
+        elif kind == "cross":
+            self.level1 = QueryAggregator(dim, num_heads)
+            self.level2 = None
+        else:
+            raise ValueError(f"unknown partial aggregator {kind!r}; expected 'linear' or 'cross'")
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not self.tree:
+            return self.level1(tokens)
+        b, s, l, d = tokens.shape
+        sub = tokens.reshape(b * self.tree, s // self.tree, l, d)
+        level1 = self.level1(sub).reshape(b, self.tree, l, d)
+        return (self.level2 or self.level1)(level1)
+
+
+class Attention(nn.Module):
+    """Self-attention of a ViT block, tensor-parallel ready (see CrossAttention)."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.inner = CrossAttention(dim, num_heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x, x)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block (as timm's ViT block)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))

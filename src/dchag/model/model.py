@@ -1,0 +1,186 @@
+"""The channel-aggregating ViT, for one device; reads top to bottom like the paper's figure.
+
+    x (B, C, H, W)
+      -> ChannelTokenizer            per-channel patch embedding + channel embedding (B, C, L, D)
+      -> aggregation
+           baseline:     one query cross-attends over all C channels                  (B, L, D)
+           hierarchical: G contiguous groups, a partial aggregator per group (-L / -C,
+                         Tree0 / TreeK) -> (B, G, L, D), then a final cross-attention  (B, L, D)
+      -> + position embedding (+ lead-time embedding for forecasting)
+      -> ViT blocks -> norm -> task head (forecast / masked autoencoder / classifier)
+
+D-CHAG is not a second model: ``dchag.parallel`` keeps group r's channels and partial
+aggregator on tensor-parallel rank r and sets ``group_gather`` to one AllGather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .layers import Block, ChannelTokenizer, PartialAggregator, QueryAggregator, sincos_2d
+
+AGGREGATIONS = ("baseline", "linear", "cross")
+TASKS = ("forecast", "mae", "classify")
+
+
+@dataclass
+class ModelConfig:
+    in_channels: int
+    img_size: tuple[int, int] = (32, 64)
+    patch_size: int = 4
+    embed_dim: int = 128
+    depth: int = 4
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    aggregation: str = "baseline"  # baseline | linear (D-CHAG-L) | cross (D-CHAG-C)
+    groups: int = 1  # channel groups of the hierarchical aggregation (= TP size under D-CHAG)
+    tree: int = 0  # TreeK inside each group; 0 = flat
+    task: str = "forecast"
+    out_channels: list[int] = field(default_factory=list)  # forecast: predicted channel indices
+    num_classes: int = 0
+    decoder_dim: int = 64
+    decoder_depth: int = 2
+    decoder_heads: int = 4
+    wavelengths: list[float] | None = None
+
+    def __post_init__(self):
+        self.img_size = tuple(self.img_size)
+        h, w = self.img_size
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(f"image size {self.img_size} is not divisible by patch_size {self.patch_size}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"model.aggregation {self.aggregation!r}: expected one of {', '.join(AGGREGATIONS)}")
+        if self.task not in TASKS:
+            raise ValueError(f"model.task {self.task!r}: expected one of {', '.join(TASKS)}")
+        if self.aggregation != "baseline" and not 1 <= self.groups <= self.in_channels:
+            raise ValueError(f"model.groups {self.groups} must be between 1 and the {self.in_channels} input channels")
+        if self.task == "forecast" and not self.out_channels:
+            self.out_channels = list(range(self.in_channels))
+        if self.task == "classify" and self.num_classes < 2:
+            raise ValueError("a classification model needs num_classes >= 2")
+        if self.wavelengths is not None and len(self.wavelengths) != self.in_channels:
+            raise ValueError(f"{len(self.wavelengths)} wavelengths for {self.in_channels} channels")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+def channel_groups(num_channels: int, groups: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) blocks; the first ``num_channels % groups`` get one more."""
+    base, extra = divmod(num_channels, groups)
+    bounds, start = [], 0
+    for g in range(groups):
+        stop = start + base + (g < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class ChannelViT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.embed_dim
+        self.tokenizer = ChannelTokenizer(cfg.in_channels, d, cfg.patch_size, cfg.wavelengths)
+        if cfg.aggregation == "baseline":
+            self.groups: list[tuple[int, int]] = []
+            self.partial = None
+        else:
+            self.groups = channel_groups(cfg.in_channels, cfg.groups)
+            self.partial = nn.ModuleDict(
+                {str(g): PartialAggregator(cfg.aggregation, hi - lo, d, cfg.num_heads, cfg.tree) for g, (lo, hi) in enumerate(self.groups)}
+            )
+        self.final = QueryAggregator(d, cfg.num_heads)
+        # Groups this module holds, as (key, start, stop) in the channels it is given; all of
+        # them on one device. D-CHAG narrows this to one group and installs the AllGather.
+        self.local_groups = [(str(g), lo, hi) for g, (lo, hi) in enumerate(self.groups)]
+        self.group_gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+        self.pos_embed = nn.Parameter(sincos_2d(*cfg.grid, d)[None])
+        self.blocks = nn.ModuleList([Block(d, cfg.num_heads, cfg.mlp_ratio) for _ in range(cfg.depth)])
+        self.norm = nn.LayerNorm(d)
+        p2 = cfg.patch_size**2
+        if cfg.task == "forecast":
+            self.lead_time_embed = nn.Linear(1, d)
+            self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, len(cfg.out_channels) * p2))
+        elif cfg.task == "mae":
+            dd = cfg.decoder_dim
+            self.decoder_embed = nn.Linear(d, dd)
+            self.mask_token = nn.Parameter(torch.zeros(1, 1, dd))
+            nn.init.normal_(self.mask_token, std=0.02)
+            self.decoder_pos_embed = nn.Parameter(sincos_2d(*cfg.grid, dd)[None], requires_grad=False)
+            self.decoder_blocks = nn.ModuleList([Block(dd, cfg.decoder_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth)])
+            self.decoder_norm = nn.LayerNorm(dd)
+            self.head = nn.Linear(dd, cfg.in_channels * p2)
+        else:
+            self.head = nn.Linear(d, cfg.num_classes)
+
+    # -- front end: tokenization and channel aggregation --------------------------------------
+    def aggregate(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C_held, H, W) -> (B, L, D)."""
+        tokens = self.tokenizer(x)
+        if self.partial is None:
+            return self.final(tokens)
+        parts = torch.stack([self.partial[key](tokens[:, lo:hi]) for key, lo, hi in self.local_groups], dim=1)
+        if self.group_gather is not None:
+            parts = self.group_gather(parts)
+        return self.final(parts)
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            tokens = block(tokens)
+        return self.norm(tokens)
+
+    def unpatchify(self, patches: torch.Tensor, channels: int) -> torch.Tensor:
+        """(B, L, channels * p * p) -> (B, channels, H, W)."""
+        b = patches.shape[0]
+        gh, gw = self.cfg.grid
+        p = self.cfg.patch_size
+        x = patches.reshape(b, gh, gw, channels, p, p).permute(0, 3, 1, 4, 2, 5)
+        return x.reshape(b, channels, gh * p, gw * p)
+
+    # -- tasks ------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, lead_time_hours: torch.Tensor | None = None, ids_keep: torch.Tensor | None = None):
+        tokens = self.aggregate(x) + self.pos_embed
+        if self.cfg.task == "forecast":
+            if lead_time_hours is None:
+                raise ValueError("a forecasting model needs lead_time_hours")
+            lead = self.lead_time_embed(lead_time_hours.to(tokens.dtype)[:, None] / 100.0)  # ClimaX scaling
+            return self.unpatchify(self.head(self.encode(tokens + lead[:, None, :])), len(self.cfg.out_channels))
+        if self.cfg.task == "classify":
+            return self.head(self.encode(tokens).mean(dim=1))
+        return self._mae(tokens, ids_keep)
+
+    def _mae(self, tokens: torch.Tensor, ids_keep: torch.Tensor | None) -> torch.Tensor:
+        """Encode the kept patches, decode every patch: (B, C, H, W) reconstruction."""
+        b, l, d = tokens.shape
+        if ids_keep is None:
+            ids_keep = torch.arange(l, device=tokens.device).expand(b, -1)
+        kept = torch.gather(tokens, 1, ids_keep[..., None].expand(-1, -1, d))
+        latent = self.decoder_embed(self.encode(kept))
+        full = self.mask_token.expand(b, l, -1).clone()
+        full = full.scatter(1, ids_keep[..., None].expand(-1, -1, latent.shape[-1]), latent)
+        full = full + self.decoder_pos_embed
+        for block in self.decoder_blocks:
+            full = block(full)
+        return self.unpatchify(self.head(self.decoder_norm(full)), self.cfg.in_channels)
+
+
+def random_masking(batch: int, num_patches: int, mask_ratio: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids_keep (B, L_keep), mask (B, L) with 1 = masked), drawn from ``generator`` so every
+    tensor-parallel rank draws the same mask."""
+    keep = max(1, int(round(num_patches * (1 - mask_ratio))))
+    noise = torch.rand(batch, num_patches, generator=generator)
+    ids_keep = torch.argsort(noise, dim=1)[:, :keep]
+    mask = torch.ones(batch, num_patches)
+    mask.scatter_(1, ids_keep, 0.0)
+    return ids_keep, mask

@@ -1,0 +1,62 @@
+"""The process layout: world = dp x tp, as a DeviceMesh with named dimensions.
+
+Tensor-parallel groups are consecutive ranks (inside a node on a cluster); data-parallel
+groups join the ranks with the same tensor-parallel index.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+class ParallelConfigError(ValueError):
+    pass
+
+
+def init_distributed() -> tuple[str, torch.device]:
+    """Initialise the default process group from torchrun's environment (or a single process):
+    NCCL when CUDA is available, gloo otherwise."""
+    if torch.cuda.is_available():
+        backend, device = "nccl", torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # plain `python`: a group of one
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29511")
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+    return backend, device
+
+
+@dataclass
+class ParallelDims:
+    tp: int = 1
+    dp_mode: str = "fsdp"  # fsdp | ddp | none
+    world_size: int = 1
+
+    def __post_init__(self):
+        if self.tp < 1 or self.world_size % self.tp:
+            raise ParallelConfigError(
+                f"world size {self.world_size} is not a multiple of the tensor-parallel size tp={self.tp}; "
+                f"launch a multiple of {self.tp} processes (torchrun --nproc-per-node) or change parallel.tp"
+            )
+        if self.dp_mode not in ("fsdp", "ddp", "none"):
+            raise ParallelConfigError(f"parallel.dp {self.dp_mode!r}: expected fsdp, ddp or none")
+        if self.dp_mode == "ddp" and self.tp > 1:
+            raise ParallelConfigError("parallel.dp: ddp works with tp=1 only; use fsdp to combine data and tensor parallelism")
+        if self.dp_mode == "none" and self.dp > 1:
+            raise ParallelConfigError(f"parallel.dp: none, but world size {self.world_size} leaves {self.dp} data-parallel replicas")
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.tp
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        return init_device_mesh(device_type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))

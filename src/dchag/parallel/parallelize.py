@@ -1,0 +1,134 @@
+"""Applying the parallelizations to a one-device ChannelViT (the torchtitan way).
+
+* Baseline TP (the paper's comparison point): every tensor-parallel rank tokenizes all C
+  channels; the aggregation's heads and the ViT are tensor-parallel (Megatron layout:
+  q/k/v and fc1 column-parallel, the output projection and fc2 row-parallel).
+* D-CHAG: the model must be hierarchical with one channel group per TP rank; rank r keeps
+  only group r's channels (tokenizer and channel embedding) and partial aggregator, and
+  the groups' tokens meet in one AllGather before the tensor-parallel final cross-attention.
+* Data parallelism over the "dp" mesh dimension: FSDP2 (``fully_shard``) or DDP (tp = 1).
+* Activation checkpointing of the ViT blocks and the final cross-attention.
+
+Replicated parameters are broadcast from rank 0 before anything is sharded, so every rank
+starts from the same weights whatever its RNG did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
+
+from ..model.model import ChannelViT
+from .collectives import gather_groups
+from .dims import ParallelConfigError, ParallelDims
+
+STRATEGIES = ("baseline", "dchag")
+
+
+def _attention_plan(prepare_at: str, projections_at: str, inputs: int) -> dict:
+    """q/k/v column-parallel, output projection row-parallel. The inputs of ``prepare_at``
+    become replicated DTensors once, so their gradient is all-reduced once (at that module's
+    boundary), not once per projection."""
+    layouts = tuple(Replicate() for _ in range(inputs))
+    return {
+        prepare_at: PrepareModuleInput(input_layouts=layouts, desired_input_layouts=layouts, use_local_output=False),
+        f"{projections_at}.wq": ColwiseParallel(),
+        f"{projections_at}.wk": ColwiseParallel(),
+        f"{projections_at}.wv": ColwiseParallel(),
+        f"{projections_at}.proj": RowwiseParallel(),
+    }
+
+
+def _check_heads(model: ChannelViT, tp: int) -> None:
+    heads = model.cfg.num_heads
+    if heads % tp:
+        raise ParallelConfigError(f"model.num_heads {heads} is not divisible by the tensor-parallel size {tp}")
+
+
+def apply_tp(model: ChannelViT, tp_mesh: DeviceMesh) -> None:
+    """Tensor-parallel final aggregation and ViT blocks (decoder and heads stay replicated)."""
+    _check_heads(model, tp_mesh.size())
+    parallelize_module(model.final, tp_mesh, _attention_plan("attn", "attn", inputs=2))
+    for block in model.blocks:
+        plan = _attention_plan("attn", "attn.inner", inputs=1)
+        plan.update({"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()})
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_dchag(model: ChannelViT, tp_mesh: DeviceMesh) -> None:
+    """Keep this rank's channel group and partial aggregator; gather the group tokens once."""
+    t = tp_mesh.size()
+    if model.partial is None:
+        raise ParallelConfigError("D-CHAG needs a hierarchical model: set model.aggregation to linear or cross")
+    if len(model.groups) != t:
+        raise ParallelConfigError(f"D-CHAG needs one channel group per tensor-parallel rank: model.groups={len(model.groups)}, tp={t}")
+    rank = tp_mesh.get_local_rank()
+    key, lo, hi = model.local_groups[rank]
+    model.tokenizer.keep_channels(lo, hi)
+    for other in [k for k in model.partial.keys() if k != key]:
+        del model.partial[other]
+    model.local_groups = [(key, 0, hi - lo)]
+    model.group_gather = partial(gather_groups, group=tp_mesh.get_group())
+    apply_tp(model, tp_mesh)
+
+
+def broadcast_parameters(model: nn.Module) -> None:
+    """Make every rank's (still unsharded) weights rank 0's."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+
+def apply_activation_checkpointing(model: ChannelViT) -> None:
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = checkpoint_wrapper(block)
+    model.final = checkpoint_wrapper(model.final)
+
+
+def apply_fsdp(model: ChannelViT, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None) -> None:
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+
+
+def parallelize_model(
+    model: ChannelViT,
+    dims: ParallelDims,
+    mesh: DeviceMesh | None,
+    strategy: str = "baseline",
+    activation_checkpointing: bool = False,
+    param_dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Apply the strategy over ``mesh`` ("dp", "tp"); returns the module to train (DDP wraps)."""
+    if strategy not in STRATEGIES:
+        raise ParallelConfigError(f"parallel.strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    broadcast_parameters(model)
+    if mesh is not None and dims.tp > 1:
+        (apply_dchag if strategy == "dchag" else apply_tp)(model, mesh["tp"])
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if mesh is not None and dims.dp > 1:
+        if dims.dp_mode == "fsdp":
+            apply_fsdp(model, mesh["dp"], param_dtype)
+        elif dims.dp_mode == "ddp":
+            return nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group())
+    return model
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast where asked (the default on GPU); fp32 on the CPU."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
