@@ -94,6 +94,26 @@ def cmd_download_era5(args) -> None:
     download_year(cfg["era5"], args.year, args.source, args.output, store=args.store)
 
 
+def cmd_describe_model(args) -> None:
+    from dataclasses import replace
+
+    from .model.build import model_config
+    from .model.describe import describe, format_table
+
+    cfg = _config(args)
+    mcfg = model_config(cfg, task=args.task, num_classes=args.num_classes or (16 if args.task == "classify" else 0))
+    if args.channels:
+        mcfg = replace(mcfg, in_channels=args.channels, out_channels=[c for c in mcfg.out_channels if c < args.channels])
+    groups = args.groups or cfg.get("parallel", {}).get("tp", 1)
+    rows = describe(mcfg, groups)
+    if args.json:
+        import json
+
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_table(rows, mcfg, groups))
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dchag", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,6 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="who computes weights: xESMF if importable (auto), or this package (builtin)")
     sp.add_argument("--time-chunk", type=int, default=8, help="steps along the leading dimension per block")
     sp.add_argument("--output", required=True, help="output .nc or .zarr")
+
+    sp = add("describe-model", cmd_describe_model, "parameter counts per part, for the baseline and each D-CHAG variant")
+    config_arg(sp)
+    sp.add_argument("--task", choices=["forecast", "mae", "classify"], default="forecast")
+    sp.add_argument("--channels", type=int, help="count for this many input channels instead of the config's")
+    sp.add_argument("--groups", type=int, help="channel groups / TP ranks (default: parallel.tp)")
+    sp.add_argument("--num-classes", type=int, default=0)
+    sp.add_argument("--json", action="store_true")
 
     sp = add("download-era5", cmd_download_era5, "download one year of the configured ERA5 channels (ARCO-ERA5 or CDS)")
     config_arg(sp)
