@@ -29,7 +29,8 @@ def test_dry_run_plans_the_demo_dag(tmp_path):
     proc = snakemake(tmp_path, "-n", "--quiet", "rules")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
-    for rule in ("era5_demo_year", "era5_weights", "era5_year", "era5_stats", "era5_split", "era5_climatology"):
+    for rule in ("era5_demo_year", "era5_weights", "era5_year", "era5_stats", "era5_split", "era5_climatology",
+                 "hsi_demo", "hsi_classification", "hsi_mae"):
         assert rule in out
 
 
@@ -44,6 +45,14 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     train = open_store(results / "train.zarr").data.values
     assert np.abs(train.mean(axis=(0, 2, 3))).max() < 1e-3
     assert (tmp_path / "logs" / "demo" / "era5_year_2016.log").exists()
+    # Both hyperspectral stores, read by the .mat (patches) and ENVI (tiles) readers.
+    import xarray as xr
+
+    for task, var in (("classification", "patches"), ("mae", "tiles")):
+        for split in ("train", "val", "test"):
+            ds = xr.open_zarr(tmp_path / "results" / "demo" / "hsi" / f"{task}.zarr", group=split, consolidated=False)
+            assert ds[var].shape[1] == 200 and ds.sizes["sample"] > 0
+    assert ds.attrs["source_images"][0].endswith(".hdr")
     # Rerunning does nothing: results are up to date.
     again = snakemake(tmp_path, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -114,6 +114,42 @@ def cmd_describe_model(args) -> None:
         print(format_table(rows, mcfg, groups))
 
 
+def cmd_demo_hsi(args) -> None:
+    from .hsi import demo
+
+    outdir = Path(args.outdir)
+    demo.write_mat(outdir, args.size, args.size, seed=args.seed)
+    demo.write_envi(outdir / "envi", count=args.images, rows=args.size, cols=args.size, seed=args.seed + 100)
+
+
+def _parse_fractions(text: str) -> tuple[float, float, float]:
+    parts = [float(x) for x in text.split(",")]
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError("expected three comma-separated fractions: train,val,test")
+    return tuple(parts)
+
+
+def cmd_preprocess_hsi(args) -> None:
+    from .hsi.preprocess import BandOptions, preprocess_classification, preprocess_tiles
+
+    opts = BandOptions(
+        preset=args.preset, drop_bands=args.drop_bands,
+        drop_wavelengths=[list(map(float, r.split("-"))) for r in args.drop_wavelengths or []],
+        nan_policy=args.nan_policy, clip_percentiles=tuple(args.clip) if args.clip else None,
+        band_chunk=args.band_chunk, key=args.key,
+    )
+    provenance_cfg = {k: v for k, v in vars(args).items() if k != "func"}
+    if args.labels:
+        preprocess_classification(
+            args.input[0], args.labels, args.output, opts, labels_key=args.labels_key, patch=args.patch,
+            split=args.split, fractions=args.fractions or (0.1, 0.1, 0.8), seed=args.seed, block=args.block,
+            class_names=args.class_names.split(",") if args.class_names else None, config=provenance_cfg,
+        )
+    else:
+        preprocess_tiles(args.input, args.output, opts, tile=args.tile, fractions=args.fractions or (0.8, 0.1, 0.1),
+                         seed=args.seed, config=provenance_cfg)
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dchag", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,6 +210,34 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--time-chunk", type=int, default=8, help="steps along the leading dimension per block")
     sp.add_argument("--output", required=True, help="output .nc or .zarr")
 
+    sp = add("demo-hsi", cmd_demo_hsi, "write the synthetic hyperspectral demo scene (.mat + ground truth, and ENVI images)")
+    sp.add_argument("--outdir", required=True)
+    sp.add_argument("--size", type=int, default=48, help="scene rows = cols")
+    sp.add_argument("--images", type=int, default=3, help="ENVI images for masked autoencoding")
+    sp.add_argument("--seed", type=int, default=0)
+
+    sp = add("preprocess-hsi", cmd_preprocess_hsi,
+             "hyperspectral image(s) -> normalised patches (with --labels) or tiles, one Zarr store with train/val/test groups")
+    sp.add_argument("input", nargs="+", help="ENVI header(s) or .mat file(s); several (or a glob) for tiles")
+    sp.add_argument("--labels", help="ground-truth map: makes classification patches centred on labelled pixels")
+    sp.add_argument("--key", help="variable of the image in a .mat file")
+    sp.add_argument("--labels-key", help="variable of the labels in a .mat file")
+    which = sp.add_mutually_exclusive_group()
+    which.add_argument("--preset", help="band preset: indian_pines, salinas, pavia_university, vnir_400_900")
+    which.add_argument("--drop-bands", help="1-based bands to drop, e.g. 104-108,150-163,220")
+    sp.add_argument("--drop-wavelengths", nargs="*", help="nm ranges to drop, e.g. 1340-1450 1800-1960")
+    sp.add_argument("--patch", type=int, default=11)
+    sp.add_argument("--split", choices=["stratified", "disjoint"], default="stratified")
+    sp.add_argument("--block", type=int, help="disjoint split block size (default 2 x patch)")
+    sp.add_argument("--tile", type=int, default=32, help="tile size for masked autoencoding")
+    sp.add_argument("--fractions", type=_parse_fractions, help="train,val,test (default 0.1,0.1,0.8 patches; 0.8,0.1,0.1 tiles)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--class-names", help="comma-separated, in label order 1..K")
+    sp.add_argument("--nan-policy", choices=["fail", "fill"], default="fail")
+    sp.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"), help="clip to these percentiles of the training pixels")
+    sp.add_argument("--band-chunk", type=int, default=32)
+    sp.add_argument("--output", required=True)
+
     sp = add("describe-model", cmd_describe_model, "parameter counts per part, for the baseline and each D-CHAG variant")
     config_arg(sp)
     sp.add_argument("--task", choices=["forecast", "mae", "classify"], default="forecast")
@@ -199,11 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     from .grids import GridError
     from .regrid.backends import BackendUnavailable
     from .regrid.weights import WeightsError
+    from .hsi.bands import BandError
     from .store import InputError
 
     try:
         args.func(args)
-    except (ConfigError, InputError, GridError, WeightsError, BackendUnavailable) as err:
+    except (ConfigError, InputError, GridError, WeightsError, BackendUnavailable, BandError) as err:
         if args.verbose:
             raise
         print(f"dchag {args.command}: error: {err}", file=sys.stderr)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import yaml
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
@@ -63,6 +64,8 @@ def validate(config: dict, source: str = "config") -> dict:
 
 def check_config(config: dict, source: str = "config") -> None:
     """Checks the schema cannot express: split years disjoint, channels present, inputs exist."""
+    if config.get("hsi"):
+        _check_hsi(config["hsi"], source)
     era5 = config.get("era5")
     if era5:
         years = era5["years"]
@@ -90,6 +93,27 @@ def check_config(config: dict, source: str = "config") -> None:
                     f"{source}: key 'era5.inputs': input file(s) not found:\n{shown}\n"
                     "(set era5.download: arco or cds to fetch them, or era5.demo: true for synthetic data)"
                 )
+
+
+def _check_hsi(hsi: dict, source: str) -> None:
+    import glob
+
+    for task in ("classification", "mae"):
+        if task in hsi and not np.isclose(sum(hsi[task].get("fractions", [1, 0, 0])), 1.0):
+            raise ConfigError(f"{source}: key 'hsi.{task}.fractions' must sum to 1, got {hsi[task]['fractions']}")
+    if "classification" not in hsi and "mae" not in hsi:
+        raise ConfigError(f"{source}: key 'hsi' needs a 'classification' or an 'mae' section")
+    if hsi.get("demo"):
+        return
+    wanted = []
+    if "classification" in hsi:
+        wanted += [hsi["classification"]["image"], hsi["classification"]["labels"]]
+    missing = [p for p in wanted if not Path(p).exists()]
+    for pattern in hsi.get("mae", {}).get("images", []):
+        if not glob.glob(pattern):
+            missing.append(pattern)
+    if missing:
+        raise ConfigError(f"{source}: key 'hsi': input file(s) not found:\n" + "\n".join(f"  {p}" for p in missing))
 
 
 def _exists(path: str) -> bool:

@@ -65,8 +65,73 @@ def era5_outputs():
     ]
 
 
+# -- hyperspectral -------------------------------------------------------------------------
+HSI = config.get("hsi", {})
+HSI_DEMO_ENVI = "resources/demo/hsi/envi"
+
+
+def hsi_mae_inputs():
+    """The demo's ENVI folder (made by a rule), or the user's images (globs expanded)."""
+    if HSI.get("demo"):
+        return [HSI_DEMO_ENVI]
+    import glob
+
+    return sorted(p for pattern in HSI["mae"]["images"] for p in glob.glob(pattern))
+
+
+def hsi_flags(task):
+    """`dchag preprocess-hsi` options from the config's hsi section."""
+    sec = HSI[task]
+    flags = [
+        "--seed",
+        sec.get("seed", 0),
+        "--fractions",
+        ",".join(map(str, sec["fractions"])),
+    ]
+    flags += [
+        "--nan-policy",
+        HSI.get("nan_policy", "fail"),
+        "--band-chunk",
+        HSI.get("band_chunk", 32),
+    ]
+    if HSI.get("preset"):
+        flags += ["--preset", HSI["preset"]]
+    if HSI.get("drop_bands"):
+        flags += ["--drop-bands", HSI["drop_bands"]]
+    if HSI.get("drop_wavelengths"):
+        flags += [
+            "--drop-wavelengths",
+            *[f"{lo}-{hi}" for lo, hi in HSI["drop_wavelengths"]],
+        ]
+    if HSI.get("clip_percentiles"):
+        flags += ["--clip", *HSI["clip_percentiles"]]
+    if sec.get("image_key"):
+        flags += ["--key", sec["image_key"]]
+    if task == "classification":
+        flags += ["--patch", sec["patch"], "--split", sec["split"]]
+        if sec.get("block"):
+            flags += ["--block", sec["block"]]
+        if sec.get("labels_key"):
+            flags += ["--labels-key", sec["labels_key"]]
+        if sec.get("class_names"):
+            flags += ["--class-names", ",".join(sec["class_names"])]
+    else:
+        flags += ["--tile", sec["tile"]]
+    return " ".join(shlex.quote(str(f)) for f in flags)
+
+
+def hsi_outputs():
+    return [
+        f"{RESULTS}/hsi/{task}.zarr"
+        for task in ("classification", "mae")
+        if task in HSI
+    ]
+
+
 def all_outputs():
     out = []
     if "era5" in config:
         out += era5_outputs()
+    if HSI:
+        out += hsi_outputs()
     return out

@@ -1,0 +1,1 @@
+"""Hyperspectral imaging: readers, band selection, normalisation, patches and tiles into Zarr."""

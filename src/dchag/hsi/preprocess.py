@@ -1,0 +1,326 @@
+"""Hyperspectral preprocessing: band removal, per-band standardisation fitted on training
+pixels only, and either classification patches or masked-autoencoder tiles, into one Zarr v3
+store with a group per split (``train``, ``val``, ``test``), chunked by band groups so a
+tensor-parallel rank reads only its bands. Written atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+from tqdm.auto import tqdm
+
+from .. import provenance
+from ..store import atomic_path, compressors
+from .bands import select_bands
+from .readers import HsiInputError, HyperspectralImage, expand_images, read_image, read_labels
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class BandOptions:
+    preset: str | None = None
+    drop_bands: str | None = None
+    drop_wavelengths: list[list[float]] | None = None
+    nan_policy: str = "fail"  # fail | fill
+    clip_percentiles: tuple[float, float] | None = None
+    band_chunk: int = 32
+    key: str | None = None  # variable in a .mat file
+    notes: list[str] = field(default_factory=list)
+
+
+def _fractions(fractions) -> np.ndarray:
+    f = np.asarray(fractions, dtype=float)
+    if f.shape != (3,) or np.any(f < 0) or not np.isclose(f.sum(), 1.0):
+        raise HsiInputError(f"split fractions {list(fractions)} must be three non-negative numbers summing to 1 (train, val, test)")
+    return f
+
+
+def _open(paths: list[str], opts: BandOptions) -> tuple[list[HyperspectralImage], np.ndarray, str]:
+    images = [read_image(p, opts.key) for p in paths]
+    first = images[0]
+    for img in images[1:]:
+        if img.shape[2] != first.shape[2]:
+            raise HsiInputError(f"{img.path} has {img.shape[2]} bands, {first.path} has {first.shape[2]}")
+    keep, how = select_bands(first.shape[2], first.wavelengths, first.bbl, opts.preset, opts.drop_bands, opts.drop_wavelengths, first.path)
+    return images, keep, how
+
+
+def _read_checked(img: HyperspectralImage, keep: np.ndarray, opts: BandOptions) -> tuple[np.ndarray, int]:
+    cube = img.read(keep)
+    bad = ~np.isfinite(cube)
+    count = int(bad.sum())
+    if count:
+        where = np.argwhere(bad)[0]
+        if opts.nan_policy == "fail":
+            raise HsiInputError(
+                f"{img.path}: {count} NaN/inf pixel value(s), first at row {where[0]}, col {where[1]}, kept band {where[2]}; "
+                "set nan_policy: fill to replace them with the band mean"
+            )
+        band_mean = np.nanmean(np.where(bad, np.nan, cube), axis=(0, 1))
+        if not np.all(np.isfinite(band_mean)):
+            raise HsiInputError(f"{img.path}: a band has no finite value to fill from")
+        cube = np.where(bad, band_mean[None, None, :], cube).astype(np.float32)
+        log.warning("%s: filled %d NaN/inf values with band means", img.path, count)
+    return cube, count
+
+
+class _Stats:
+    """Per-band running sums over training pixels (float64); optional percentile clipping."""
+
+    def __init__(self, bands: int, clip):
+        self.sum = np.zeros(bands)
+        self.sq = np.zeros(bands)
+        self.n = 0
+        self.clip = clip
+        self.samples: list[np.ndarray] = []
+
+    def add(self, pixels: np.ndarray) -> None:  # (n, bands)
+        if self.clip is not None:
+            self.samples.append(pixels[:: max(1, len(pixels) // 20000)])
+        self.sum += pixels.sum(0, dtype=np.float64)
+        self.sq += (pixels.astype(np.float64) ** 2).sum(0)
+        self.n += len(pixels)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        if self.n == 0:
+            raise HsiInputError("no training pixels to fit the normalisation on (check the split fractions)")
+        bounds = None
+        if self.clip is not None:
+            allpix = np.concatenate(self.samples)
+            bounds = np.percentile(allpix, list(self.clip), axis=0)
+            clipped = np.clip(allpix, bounds[0], bounds[1])
+            return clipped.mean(0), np.maximum(clipped.std(0), 1e-12), bounds
+        mean = self.sum / self.n
+        std = np.sqrt(np.maximum(self.sq / self.n - mean**2, 0))
+        return mean, np.where(std > 0, std, 1.0), bounds
+
+
+def _normalise(x: np.ndarray, mean, std, bounds, band_axis: int) -> np.ndarray:
+    shape = [1] * x.ndim
+    shape[band_axis] = -1
+    if bounds is not None:
+        x = np.clip(x, bounds[0].reshape(shape), bounds[1].reshape(shape))
+    return ((x - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
+
+
+def _band_coords(img: HyperspectralImage, keep: np.ndarray, mean, std) -> dict:
+    wl = img.wavelengths[keep] if img.wavelengths is not None else np.full(keep.size, np.nan)
+    return {
+        "band": ("band", keep.astype(np.int32), {"description": "0-based index of the band in the input file"}),
+        "wavelength": ("band", wl, {"units": "nm"}),
+        "mean": ("band", mean),
+        "std": ("band", std),
+    }
+
+
+def _write(groups: dict[str, xr.Dataset], output: str | Path, var: str, band_chunk: int) -> Path:
+    with atomic_path(output) as tmp:
+        for split, ds in groups.items():
+            n = ds.sizes["sample"]
+            enc = {var: {"chunks": (max(1, min(n, 256)), min(band_chunk, ds.sizes["band"]), *ds[var].shape[2:]), "compressors": compressors()}}
+            ds.to_zarr(tmp, group=split, zarr_format=3, consolidated=False, encoding=enc, mode="a" if Path(tmp).exists() else "w")
+    return Path(output)
+
+
+# -- classification ----------------------------------------------------------------------------
+def stratified_split(labels: np.ndarray, fractions, seed: int) -> dict[str, np.ndarray]:
+    """Per class, shuffled: the first fraction to train, the next to val, the rest to test
+    (at least one training pixel per class). Returns flat pixel indices per split."""
+    f = _fractions(fractions)
+    rng = np.random.default_rng(seed)
+    flat = labels.ravel()
+    out = {s: [] for s in SPLITS}
+    for cls in np.unique(flat[flat > 0]):
+        idx = rng.permutation(np.flatnonzero(flat == cls))
+        n_train = max(1, int(round(f[0] * idx.size)))
+        n_val = int(round(f[1] * idx.size))
+        out["train"].append(idx[:n_train])
+        out["val"].append(idx[n_train:n_train + n_val])
+        out["test"].append(idx[n_train + n_val:])
+    return {s: np.sort(np.concatenate(v)) if v else np.array([], int) for s, v in out.items()}
+
+
+def disjoint_split(labels: np.ndarray, fractions, seed: int, block: int, patch: int) -> tuple[dict[str, np.ndarray], int]:
+    """Square blocks of the image go whole to one split (shuffled, filled to the fractions of
+    labelled pixels); a pixel is a patch centre only if its whole window lies in blocks of its
+    own split, so train, val and test windows never share a pixel. Returns (splits, dropped)."""
+    f = _fractions(fractions)
+    rows, cols = labels.shape
+    by, bx = np.arange(rows) // block, np.arange(cols) // block
+    block_id = by[:, None] * (bx.max() + 1) + bx[None, :]
+    n_blocks = block_id.max() + 1
+    counts = np.bincount(block_id.ravel(), weights=(labels > 0).ravel(), minlength=n_blocks)
+    order = np.random.default_rng(seed).permutation(n_blocks)
+    total = counts.sum()
+    assign = np.empty(n_blocks, int)
+    filled = 0.0
+    for b in order:
+        frac = filled / total if total else 0
+        assign[b] = 0 if frac < f[0] else (1 if frac < f[0] + f[1] else 2)
+        filled += counts[b]
+    split_map = assign[block_id]
+    # A window is pure when its split's minimum and maximum agree over the window.
+    h = patch // 2
+    padded = np.pad(split_map, h, mode="edge")
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    win = sliding_window_view(padded, (patch, patch))
+    pure = win.min(axis=(-1, -2)) == win.max(axis=(-1, -2))
+    labelled = labels > 0
+    out = {s: np.flatnonzero((labelled & pure & (split_map == i)).ravel()) for i, s in enumerate(SPLITS)}
+    dropped = int(labelled.sum() - sum(v.size for v in out.values()))
+    return out, dropped
+
+
+def extract_patches(cube: np.ndarray, centres: np.ndarray, patch: int) -> np.ndarray:
+    """(rows, cols, bands) cube, flat centre indices -> (n, bands, patch, patch), reflect-padded."""
+    h = patch // 2
+    padded = np.pad(cube, ((h, h), (h, h), (0, 0)), mode="reflect")
+    r, c = np.divmod(centres, cube.shape[1])
+    out = np.empty((centres.size, cube.shape[2], patch, patch), np.float32)
+    for i, (ri, ci) in enumerate(zip(r, c)):
+        out[i] = padded[ri:ri + patch, ci:ci + patch].transpose(2, 0, 1)
+    return out
+
+
+def preprocess_classification(
+    image: str, labels: str, output: str | Path, opts: BandOptions, *, labels_key: str | None = None,
+    patch: int = 11, split: str = "stratified", fractions=(0.1, 0.1, 0.8), seed: int = 0, block: int | None = None,
+    class_names: list[str] | None = None, config: dict | None = None,
+) -> Path:
+    (img,), keep, how = _open([image], opts)
+    label_map = read_labels(labels, labels_key)
+    if label_map.shape != img.shape[:2]:
+        raise HsiInputError(f"label map {labels} is {label_map.shape[0]}x{label_map.shape[1]}, the image {img.path} is {img.shape[0]}x{img.shape[1]}")
+    if patch < 1 or patch % 2 == 0:
+        raise HsiInputError(f"patch size {patch} must be odd, so the patch is centred on its pixel")
+    if patch > min(img.shape[:2]):
+        raise HsiInputError(f"patch {patch}x{patch} is larger than the image {img.path} ({img.shape[0]}x{img.shape[1]})")
+    if (label_map > 0).sum() == 0:
+        raise HsiInputError(f"label map {labels} has no labelled pixel (0 = unlabelled)")
+    cube, filled = _read_checked(img, keep, opts)
+    if split == "stratified":
+        splits, dropped = stratified_split(label_map, fractions, seed), 0
+    elif split == "disjoint":
+        splits, dropped = disjoint_split(label_map, fractions, seed, block or 2 * patch, patch)
+    else:
+        raise HsiInputError(f"split {split!r}: expected stratified or disjoint")
+    stats = _Stats(keep.size, opts.clip_percentiles)
+    stats.add(cube.reshape(-1, keep.size)[splits["train"]])
+    mean, std, bounds = stats.finish()
+    cube = _normalise(cube, mean, std, bounds, band_axis=2)
+    n_classes = int(label_map.max())
+    names = list(class_names) if class_names else [f"class {i}" for i in range(1, n_classes + 1)]
+    if len(names) < n_classes:
+        raise HsiInputError(f"{len(names)} class names for {n_classes} classes in {labels}")
+    attrs = {
+        "task": "classification",
+        "source_image": img.path,
+        "source_labels": str(labels),
+        "band_selection": how,
+        "kept_bands_1based": (keep + 1).tolist(),
+        "num_input_bands": img.shape[2],
+        "class_names": names[:n_classes],
+        "label_note": "label = class number as in the ground truth (1..K); 0 (unlabelled) is never a sample",
+        "patch": patch,
+        "split_method": split,
+        "split_fractions": list(map(float, fractions)),
+        "split_seed": seed,
+        "disjoint_dropped_centres": dropped,
+        "normalisation": "per band (x - mean) / std, fitted on the training pixels only" + (f", clipped to percentiles {list(opts.clip_percentiles)}" if bounds is not None else ""),
+        "nan_filled": filled,
+        **({"source_note": "; ".join(opts.notes)} if opts.notes else {}),
+        **provenance.as_attrs(provenance.record(config)),
+    }
+    groups = {}
+    for s in tqdm(SPLITS, desc="patches", unit="split"):
+        centres = splits[s]
+        r, c = np.divmod(centres, img.shape[1])
+        groups[s] = xr.Dataset(
+            {
+                "patches": (("sample", "band", "y", "x"), extract_patches(cube, centres, patch)),
+                "label": ("sample", label_map.ravel()[centres].astype(np.int16)),
+                "row": ("sample", r.astype(np.int32)),
+                "col": ("sample", c.astype(np.int32)),
+            },
+            coords=_band_coords(img, keep, mean, std),
+            attrs={**attrs, "split": s},
+        )
+    return _write(groups, output, "patches", opts.band_chunk)
+
+
+# -- masked autoencoding -------------------------------------------------------------------------
+def preprocess_tiles(images: list[str], output: str | Path, opts: BandOptions, *, tile: int = 32,
+                     fractions=(0.8, 0.1, 0.1), seed: int = 0, config: dict | None = None) -> Path:
+    paths = expand_images(images)
+    imgs, keep, how = _open(paths, opts)
+    f = _fractions(fractions)
+    for img in imgs:
+        if tile > min(img.shape[:2]):
+            raise HsiInputError(f"tile {tile}x{tile} is larger than the image {img.path} ({img.shape[0]}x{img.shape[1]})")
+    # Tiles: non-overlapping, row-major per image; a seeded shuffle assigns them to splits.
+    tiles = [(i, r, c) for i, img in enumerate(imgs) for r in range(0, img.shape[0] - tile + 1, tile) for c in range(0, img.shape[1] - tile + 1, tile)]
+    order = np.random.default_rng(seed).permutation(len(tiles))
+    n_train = max(1, int(round(f[0] * len(tiles))))
+    n_val = int(round(f[1] * len(tiles)))
+    split_of = np.empty(len(tiles), int)
+    split_of[order[:n_train]] = 0
+    split_of[order[n_train:n_train + n_val]] = 1
+    split_of[order[n_train + n_val:]] = 2
+    stats = _Stats(keep.size, opts.clip_percentiles)
+    filled = 0
+    cubes = {}
+    for i, img in enumerate(tqdm(imgs, desc="tiles: statistics", unit="image")):
+        cube, n = _read_checked(img, keep, opts)
+        filled += n
+        for k, (ti, r, c) in enumerate(tiles):
+            if ti == i and split_of[k] == 0:
+                stats.add(cube[r:r + tile, c:c + tile].reshape(-1, keep.size))
+        if len(imgs) <= 8:  # small collections stay in memory; large ones are read twice
+            cubes[i] = cube
+    mean, std, bounds = stats.finish()
+    per_split: dict[int, list] = {0: [], 1: [], 2: []}
+    meta: dict[int, list] = {0: [], 1: [], 2: []}
+    for i, img in enumerate(tqdm(imgs, desc="tiles: write", unit="image")):
+        cube = cubes.pop(i) if i in cubes else _read_checked(img, keep, opts)[0]
+        cube = _normalise(cube, mean, std, bounds, band_axis=2)
+        for k, (ti, r, c) in enumerate(tiles):
+            if ti == i:
+                per_split[split_of[k]].append(cube[r:r + tile, c:c + tile].transpose(2, 0, 1))
+                meta[split_of[k]].append((i, r, c))
+    attrs = {
+        "task": "mae",
+        "source_images": paths,
+        "band_selection": how,
+        "kept_bands_1based": (keep + 1).tolist(),
+        "num_input_bands": imgs[0].shape[2],
+        "tile": tile,
+        "split_fractions": list(map(float, fractions)),
+        "split_seed": seed,
+        "normalisation": "per band (x - mean) / std, fitted on the training tiles' pixels only" + (f", clipped to percentiles {list(opts.clip_percentiles)}" if bounds is not None else ""),
+        "nan_filled": filled,
+        **({"source_note": "; ".join(opts.notes)} if opts.notes else {}),
+        **provenance.as_attrs(provenance.record(config)),
+    }
+    groups = {}
+    for idx, s in enumerate(SPLITS):
+        arr = np.stack(per_split[idx]) if per_split[idx] else np.empty((0, keep.size, tile, tile), np.float32)
+        m = np.asarray(meta[idx], dtype=np.int32).reshape(-1, 3)
+        groups[s] = xr.Dataset(
+            {
+                "tiles": (("sample", "band", "y", "x"), arr),
+                "image": ("sample", m[:, 0]),
+                "row0": ("sample", m[:, 1]),
+                "col0": ("sample", m[:, 2]),
+            },
+            coords=_band_coords(imgs[0], keep, mean, std),
+            attrs={**attrs, "split": s},
+        )
+    return _write(groups, output, "tiles", opts.band_chunk)

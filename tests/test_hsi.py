@@ -1,0 +1,224 @@
+"""Hyperspectral preprocessing on files written by the real writers (spectral's ENVI writer,
+scipy.io.savemat, h5py for MATLAB v7.3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.io
+import spectral.io.envi as envi
+import xarray as xr
+
+from dchag.hsi import demo
+from dchag.hsi.bands import BandError, select_bands
+from dchag.hsi.preprocess import BandOptions, disjoint_split, preprocess_classification, preprocess_tiles, stratified_split
+from dchag.hsi.readers import HsiInputError, read_image, read_labels
+
+
+def open_group(path, split):
+    return xr.open_zarr(path, group=split, consolidated=False)
+
+
+@pytest.fixture(scope="module")
+def scene():
+    cube, labels, centres, fwhm = demo.scene(40, 40, seed=3)
+    return cube, labels, centres, fwhm
+
+
+@pytest.fixture
+def mat_files(tmp_path, scene):
+    cube, labels, *_ = scene
+    scipy.io.savemat(tmp_path / "img.mat", {"indian_pines": cube})
+    scipy.io.savemat(tmp_path / "gt.mat", {"indian_pines_gt": labels})
+    return tmp_path / "img.mat", tmp_path / "gt.mat"
+
+
+def write_mat73(path, name, array):
+    """A MATLAB v7.3 file: HDF5 with MATLAB's 512-byte header, arrays stored column-major."""
+    import h5py
+
+    with h5py.File(path, "w", userblock_size=512) as f:
+        f.create_dataset(name, data=np.ascontiguousarray(array.T))
+    header = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 HDF5 schema 1.00 ."
+    with open(path, "r+b") as f:
+        f.write(header.ljust(116, b" ") + b"\0" * 8 + b"\x00\x02" + b"IM")
+
+
+# -- readers ------------------------------------------------------------------------------------
+def test_readers_agree_across_formats(tmp_path, scene, mat_files):
+    cube, labels, centres, fwhm = scene
+    envi.save_image(str(tmp_path / "img.hdr"), cube, dtype=np.uint16, metadata={"wavelength": list(centres / 1000), "wavelength units": "micrometers"})
+    write_mat73(tmp_path / "img73.mat", "indian_pines", cube)
+    bands = np.array([0, 50, 219])
+    from_envi = read_image(str(tmp_path / "img.hdr"))
+    assert from_envi.shape == (40, 40, 220)
+    assert np.allclose(from_envi.wavelengths, centres, atol=1e-3)  # micrometres converted to nm
+    for img in (from_envi, read_image(str(mat_files[0])), read_image(str(tmp_path / "img73.mat"), "indian_pines")):
+        assert np.array_equal(img.read(bands), cube[:, :, bands].astype(np.float32)), img.path
+    assert np.array_equal(read_labels(str(mat_files[1])), labels)
+
+
+def test_envi_header_and_data_disagree(tmp_path, scene):
+    cube = scene[0]
+    envi.save_image(str(tmp_path / "img.hdr"), cube, dtype=np.uint16)
+    data = tmp_path / "img.img"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(HsiInputError, match=r"img.hdr and data .*img.img disagree.*40x40x220"):
+        read_image(str(tmp_path / "img.hdr"))
+
+
+# -- band bookkeeping ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "preset, bands, kept, dropped0",
+    [
+        ("indian_pines", 220, 200, [*range(103, 108), *range(149, 163), 219]),
+        ("salinas", 224, 204, [*range(107, 112), *range(153, 167), 223]),
+        ("pavia_university", 103, 103, []),
+    ],
+)
+def test_presets_give_the_published_bands(preset, bands, kept, dropped0):
+    keep, _ = select_bands(bands, preset=preset)
+    assert keep.size == kept
+    assert sorted(set(range(bands)) - set(keep.tolist())) == dropped0
+
+
+def test_bbl_wins_and_explicit_lists_and_wavelengths():
+    bbl = np.ones(220)
+    bbl[[0, 5]] = 0
+    keep, how = select_bands(220, bbl=bbl, preset="indian_pines")
+    assert keep.size == 218 and "bbl" in how
+    keep, _ = select_bands(10, drop_bands="1-3, 10")
+    assert keep.tolist() == [3, 4, 5, 6, 7, 8]
+    wl = np.linspace(380, 1000, 32)
+    keep, _ = select_bands(32, wavelengths=wl, preset="vnir_400_900")
+    assert wl[keep].min() >= 400 and wl[keep].max() <= 900
+    keep, _ = select_bands(32, wavelengths=wl, drop_wavelengths=[[700, 800]])
+    assert not np.any((wl[keep] >= 700) & (wl[keep] <= 800))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(num_bands=10, drop_bands="9-12"), r"9-12 is outside the image's bands 1..10"),
+        (dict(num_bands=10, drop_bands="1-10"), "removes every band"),
+        (dict(num_bands=220, preset="indain_pines"), "unknown band preset 'indain_pines'"),
+        (dict(num_bands=200, preset="indian_pines"), "preset 'indian_pines' is for 220 bands, the image has 200"),
+    ],
+)
+def test_band_errors(kw, match):
+    with pytest.raises(BandError, match=match):
+        select_bands(**kw)
+
+
+# -- splits -------------------------------------------------------------------------------------
+def _windows(centres, cols, patch, shape):
+    h = patch // 2
+    cells = set()
+    for r, c in zip(*np.divmod(centres, cols)):
+        for dr in range(-h, h + 1):
+            for dc in range(-h, h + 1):
+                rr, cc = r + dr, c + dc
+                # reflect padding reads mirrored pixels, which lie inside the window anyway
+                rr = -rr if rr < 0 else (2 * (shape[0] - 1) - rr if rr >= shape[0] else rr)
+                cc = -cc if cc < 0 else (2 * (shape[1] - 1) - cc if cc >= shape[1] else cc)
+                cells.add((rr, cc))
+    return cells
+
+
+def test_disjoint_split_windows_never_overlap(scene):
+    labels = scene[1]
+    splits, dropped = disjoint_split(labels, (0.4, 0.2, 0.4), seed=1, block=10, patch=5)
+    wins = {s: _windows(v, labels.shape[1], 5, labels.shape) for s, v in splits.items()}
+    assert all(len(v) for v in splits.values())
+    assert not wins["train"] & wins["test"] and not wins["train"] & wins["val"] and not wins["val"] & wins["test"]
+    assert dropped > 0  # centres near block borders of another split are given up
+    # The random pixel split, by contrast, leaks: that is why the disjoint one exists.
+    strat = stratified_split(labels, (0.4, 0.2, 0.4), seed=1)
+    assert _windows(strat["train"], 40, 5, labels.shape) & _windows(strat["test"], 40, 5, labels.shape)
+
+
+def test_stratified_split_has_every_class_in_training(scene):
+    labels = scene[1]
+    s = stratified_split(labels, (0.1, 0.1, 0.8), seed=0)
+    flat = labels.ravel()
+    for cls in np.unique(flat[flat > 0]):
+        n = (flat == cls).sum()
+        assert (flat[s["train"]] == cls).sum() == max(1, round(0.1 * n))
+    assert sum(v.size for v in s.values()) == (flat > 0).sum()
+
+
+# -- stores -------------------------------------------------------------------------------------
+def test_classification_store(tmp_path, scene, mat_files):
+    cube, labels, *_ = scene
+    out = preprocess_classification(str(mat_files[0]), str(mat_files[1]), tmp_path / "c.zarr", BandOptions(preset="indian_pines", band_chunk=50), patch=5)
+    train, test = open_group(out, "train"), open_group(out, "test")
+    assert train.patches.shape[1:] == (200, 5, 5) and train.patches.encoding["chunks"][1] == 50
+    assert train.attrs["kept_bands_1based"][103] == 109  # 104-108 removed
+    # Normalised with the training pixels' statistics: the training centre pixels have mean 0, std 1.
+    centres = train.patches.values[:, :, 2, 2]
+    assert np.allclose(centres.mean(0), 0, atol=1e-4) and np.allclose(centres.std(0), 1, atol=1e-3)
+    # A patch is the normalised neighbourhood of its labelled pixel, in the original bands.
+    i = 7
+    r, c = int(test.row[i]), int(test.col[i])
+    raw = cube[r, c, test.band.values].astype(np.float64)
+    assert np.allclose(test.patches.values[i, :, 2, 2], (raw - test["mean"].values) / test["std"].values, atol=1e-4)
+    assert int(test.label[i]) == labels[r, c] > 0
+
+
+def test_tiles_store_from_envi_collection(tmp_path):
+    paths = demo.write_envi(tmp_path / "imgs", count=2, rows=32, cols=32, seed=5)
+    out = preprocess_tiles([str(tmp_path / "imgs" / "*.hdr")], tmp_path / "t.zarr", BandOptions(preset="indian_pines"), tile=16, fractions=(0.5, 0.25, 0.25))
+    sizes = {s: open_group(out, s).sizes["sample"] for s in ("train", "val", "test")}
+    assert sum(sizes.values()) == 8 and sizes["train"] == 4
+    train = open_group(out, "train")
+    assert np.isfinite(train.wavelength.values).all() and train.tiles.shape[1:] == (200, 16, 16)
+    assert len(paths) == 2
+
+
+@pytest.mark.parametrize("case", ["labels shape", "nan", "patch too large", "unknown preset", "band out of range"])
+def test_bad_inputs_leave_nothing(tmp_path, scene, mat_files, case):
+    cube, labels, *_ = scene
+    img, gt = str(mat_files[0]), str(mat_files[1])
+    opts = BandOptions(preset="indian_pines")
+    kw = dict(patch=5)
+    exc, match = HsiInputError, None
+    if case == "labels shape":
+        scipy.io.savemat(tmp_path / "gt2.mat", {"gt": labels[:30]})
+        gt, match = str(tmp_path / "gt2.mat"), r"label map .*gt2.mat is 30x40, the image .* is 40x40"
+    elif case == "nan":
+        bad = cube.astype(np.float32)
+        bad[3, 4, 10] = np.nan
+        bad[5, 6, 20] = np.inf
+        scipy.io.savemat(tmp_path / "nan.mat", {"x": bad})
+        img, match = str(tmp_path / "nan.mat"), r"2 NaN/inf pixel value\(s\), first at row 3, col 4"
+    elif case == "patch too large":
+        kw, match = dict(patch=41), "patch 41x41 is larger than the image"
+    elif case == "unknown preset":
+        opts, exc, match = BandOptions(preset="nope"), BandError, "unknown band preset"
+    else:
+        opts, exc, match = BandOptions(drop_bands="219-221"), BandError, "outside the image's bands 1..220"
+    with pytest.raises(exc, match=match):
+        preprocess_classification(img, gt, tmp_path / "o.zarr", opts, **kw)
+    assert not (tmp_path / "o.zarr").exists() and not list(tmp_path.glob(".o.zarr*"))
+
+
+def test_nan_fill_reports_the_count(tmp_path, scene, mat_files):
+    bad = scene[0].astype(np.float32)
+    bad[3, 4, 10] = np.nan
+    scipy.io.savemat(tmp_path / "nan.mat", {"x": bad})
+    out = preprocess_classification(str(tmp_path / "nan.mat"), str(mat_files[1]), tmp_path / "o.zarr", BandOptions(preset="indian_pines", nan_policy="fill"), patch=5)
+    train = open_group(out, "train")
+    assert train.attrs["nan_filled"] == 1 and np.isfinite(train.patches.values).all()
+
+
+# -- the demo scene -----------------------------------------------------------------------------
+def test_demo_scene_is_grounded_in_real_bands_and_spectra(scene):
+    cube, labels, centres, fwhm = scene
+    assert cube.shape[2] == 220 and centres[0] == pytest.approx(400.02, abs=0.01)
+    water = np.zeros(220, bool)
+    water[[*range(103, 108), *range(149, 163), 219]] = True
+    assert cube[..., water].mean() < 0.1 * cube[..., ~water].mean()  # absorption bands are mostly noise
+    assert set(np.unique(labels)) <= {0, 1, 2, 3, 4} and (labels > 0).mean() > 0.5
+    em = demo.endmembers(centres, fwhm)
+    veg = em[2]  # red maple: the red edge between ~680 and ~780 nm
+    assert veg[np.argmin(abs(centres - 800))] > 2 * veg[np.argmin(abs(centres - 670))]

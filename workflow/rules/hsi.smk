@@ -1,0 +1,59 @@
+# Hyperspectral: (demo scene) -> classification patches and masked-autoencoder tiles,
+# each one Zarr store with train/val/test groups.
+
+
+if HSI.get("demo"):
+
+    rule hsi_demo:
+        output:
+            image=HSI["classification"]["image"],
+            labels=HSI["classification"]["labels"],
+            envi=directory(HSI_DEMO_ENVI),
+        log:
+            f"{LOGS}/hsi_demo.log",
+        conda:
+            "../../envs/preprocess.yaml"
+        params:
+            dchag=DCHAG,
+            outdir=lambda w, output: Path(output.image).parent,
+        shell:
+            "{params.dchag} demo-hsi --outdir {params.outdir} > {log} 2>&1"
+
+
+if "classification" in HSI:
+
+    rule hsi_classification:
+        input:
+            image=HSI["classification"]["image"],
+            labels=HSI["classification"]["labels"],
+        output:
+            directory(f"{RESULTS}/hsi/classification.zarr"),
+        log:
+            f"{LOGS}/hsi_classification.log",
+        conda:
+            "../../envs/preprocess.yaml"
+        params:
+            dchag=DCHAG,
+            flags=hsi_flags("classification"),
+        shell:
+            "{params.dchag} preprocess-hsi {input.image} --labels {input.labels} {params.flags} "
+            "--output {output} > {log} 2>&1"
+
+
+if "mae" in HSI:
+
+    rule hsi_mae:
+        input:
+            hsi_mae_inputs(),
+        output:
+            directory(f"{RESULTS}/hsi/mae.zarr"),
+        log:
+            f"{LOGS}/hsi_mae.log",
+        conda:
+            "../../envs/preprocess.yaml"
+        params:
+            dchag=DCHAG,
+            images=" ".join(shlex.quote(p) for p in HSI["mae"]["images"]),
+            flags=hsi_flags("mae"),
+        shell:
+            "{params.dchag} preprocess-hsi {params.images} {params.flags} --output {output} > {log} 2>&1"
