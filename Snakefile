@@ -11,6 +11,7 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/era5.smk"
 include: "workflow/rules/hsi.smk"
+include: "workflow/rules/train.smk"
 
 
 rule all:

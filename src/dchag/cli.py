@@ -150,6 +150,12 @@ def cmd_preprocess_hsi(args) -> None:
                          seed=args.seed, config=provenance_cfg)
 
 
+def cmd_train(args) -> None:
+    from .train.trainer import main as train_main
+
+    train_main(_config(args), args.run, args.output, args.data_root)
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dchag", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -238,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--band-chunk", type=int, default=32)
     sp.add_argument("--output", required=True)
 
+    sp = add("train", cmd_train, "train one run (the torchrun entry point: torchrun --nproc-per-node N -m dchag train ...)")
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
+    sp.add_argument("--output", required=True, help="run directory: checkpoints/, final/, log.csv, tensorboard/, run.json")
+    sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
+
     sp = add("describe-model", cmd_describe_model, "parameter counts per part, for the baseline and each D-CHAG variant")
     config_arg(sp)
     sp.add_argument("--task", choices=["forecast", "mae", "classify"], default="forecast")
@@ -264,11 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     from .regrid.backends import BackendUnavailable
     from .regrid.weights import WeightsError
     from .hsi.bands import BandError
+    from .parallel.dims import ParallelConfigError
+    from .train.checkpoint import CheckpointError
     from .store import InputError
 
     try:
         args.func(args)
-    except (ConfigError, InputError, GridError, WeightsError, BackendUnavailable, BandError) as err:
+    except (ConfigError, InputError, GridError, WeightsError, BackendUnavailable, BandError, ParallelConfigError, CheckpointError) as err:
         if args.verbose:
             raise
         print(f"dchag {args.command}: error: {err}", file=sys.stderr)

@@ -20,11 +20,12 @@ LOGS = f"logs/{config['name']}"
 
 # With --use-conda the package runs from this checkout inside the rule's environment.
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-    DCHAG = (
-        f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))} python -m dchag"
-    )
+    _SRC = f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))}"
+    DCHAG = f"{_SRC} python -m dchag"
+    TORCHRUN = f"{_SRC} torchrun"
 else:
     DCHAG = "dchag"
+    TORCHRUN = "torchrun"
 
 
 def config_arg(*sections):
@@ -128,10 +129,39 @@ def hsi_outputs():
     ]
 
 
+# -- training ------------------------------------------------------------------------------
+TRAIN = config.get("train", {})
+TRAIN_RUNS = TRAIN.get("runs", {})
+
+
+def _task_sections(run):
+    return ["era5"] if TRAIN_RUNS[run]["task"] == "forecast" else ["hsi"]
+
+
+def train_inputs(wildcards):
+    task = TRAIN_RUNS[wildcards.run]["task"]
+    if task == "forecast":
+        return [f"{RESULTS}/era5/train.zarr", f"{RESULTS}/era5/val.zarr"]
+    return [f"{RESULTS}/hsi/{'mae' if task == 'mae' else 'classification'}.zarr"]
+
+
+def train_config_arg(wildcards):
+    sections = [
+        *_task_sections(wildcards.run),
+        *(s for s in ("model", "parallel", "train") if s in config),
+    ]
+    return config_arg(*sections)(wildcards)
+
+
+def train_outputs():
+    return [f"{RESULTS}/train/{run}/final" for run in TRAIN_RUNS]
+
+
 def all_outputs():
     out = []
     if "era5" in config:
         out += era5_outputs()
     if HSI:
         out += hsi_outputs()
+    out += train_outputs()
     return out

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
 from ..model.model import ChannelViT
@@ -132,3 +132,40 @@ def autocast(device: torch.device, precision: str):
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def tp_local_parameter(name: str, model: ChannelViT) -> bool:
+    """Parameters that differ between tensor-parallel ranks by design: under D-CHAG, each
+    rank's channel block of the tokenizer and its own partial aggregator."""
+    name = name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
+    return getattr(model, "group_gather", None) is not None and name.startswith(("tokenizer.", "partial."))
+
+
+@torch.no_grad()
+def clip_grad_norm_(model: nn.Module, max_norm: float, tp_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Clip by the global gradient norm over every parameter of the (parallelized) model,
+    each counted once: DTensor shards reduced over their mesh, D-CHAG's rank-local
+    parameters summed over the TP group, replicated ones taken as they are."""
+    core = model.module if hasattr(model, "module") else model
+    shared = torch.zeros((), dtype=torch.float64)
+    local = torch.zeros((), dtype=torch.float64)
+    grads = []
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad
+        sq = torch.linalg.vector_norm(g, 2.0)
+        sq = (sq.full_tensor() if isinstance(sq, DTensor) else sq).double().cpu() ** 2
+        if tp_local_parameter(name, core):
+            local += sq
+        else:
+            shared += sq
+        grads.append(g)
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        dist.all_reduce(local, group=tp_group)
+    total = torch.sqrt(shared + local)
+    coef = max_norm / (float(total) + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return total

@@ -1,0 +1,1 @@
+"""Distributed training through torchrun: data, checkpoints, the training loop, launchers."""

@@ -1,0 +1,173 @@
+"""Sharded, resumable checkpoints with torch.distributed.checkpoint (DCP).
+
+A checkpoint holds only tensors: model parameters (DTensor shards as they lie), AdamW state,
+the trainer's counters and every rank's RNG state. Loading never unpickles arbitrary
+objects: the metadata file is read by an unpickler that admits DCP's own metadata classes
+and nothing else, and byte (non-tensor) entries are refused.
+
+Under D-CHAG a rank's tokenizer holds channel block [lo, hi); its entries are keyed
+``tokenizer[lo:hi].…`` so blocks of different ranks never collide, and a checkpoint made
+with another channel layout fails with the mismatched keys listed.
+
+Checkpoints are written to a temporary directory and renamed when every rank is done, so a
+crash mid-save never leaves one that looks complete.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.tensor import DTensor
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+_ALLOWED = {
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.planner",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint._extension",
+    "collections",
+    "torch",
+    "torch._utils",
+    "torch.storage",
+}
+_ALLOWED_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "slice", "NoneType"}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if module == "builtins" and name in _ALLOWED_BUILTINS:
+            return super().find_class(module, name)
+        if module in _ALLOWED and not name.startswith("_load") and name not in ("load", "eval", "exec"):
+            obj = super().find_class(module, name)
+            if module == "torch" and not isinstance(obj, (type, torch.dtype)) and name != "Size":
+                raise pickle.UnpicklingError(f"checkpoint metadata refers to torch.{name}, which is not data")
+            return obj
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}; refusing to load it")
+
+
+class SafeReader(FileSystemReader):
+    """FileSystemReader whose metadata is unpickled with an allow-list (tensor data is
+    already read with ``weights_only=True`` by DCP)."""
+
+    def read_metadata(self, *args, **kwargs):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            try:
+                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            except pickle.UnpicklingError as err:
+                raise CheckpointError(f"{self.path}: {err}") from err
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _TensorsOnlyPlanner(DefaultLoadPlanner):
+    def load_bytes(self, read_item, value) -> None:
+        raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn} is not a tensor; refusing to unpickle it")
+
+
+def canonical(name: str) -> str:
+    """Parameter name without wrapper prefixes (DDP's module., activation checkpointing's)."""
+    return name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
+
+
+def state(model: nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, int]) -> dict[str, torch.Tensor]:
+    """The flat tensor state of a training run (optimizer state created if still empty)."""
+    core = model.module if hasattr(model, "module") else model
+    ids = getattr(core, "tokenizer").channel_ids
+    block = f"tokenizer[{int(ids[0])}:{int(ids[-1]) + 1}]." if getattr(core, "group_gather", None) is not None else "tokenizer."
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        key = canonical(name).replace("tokenizer.", block, 1) if canonical(name).startswith("tokenizer.") else canonical(name)
+        out[f"model.{key}"] = p
+        st = optimizer.state[p]
+        if not st and p.requires_grad:  # AdamW creates its state lazily: make it, so it can be loaded into
+            st.update(step=torch.zeros(()), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        for k, v in st.items():
+            out[f"optim.{key}.{k}"] = v
+    for k, v in counters.items():
+        out[f"trainer.{k}"] = torch.tensor(int(v))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    out[f"rng.rank{rank}"] = torch.get_rng_state()
+    return out
+
+
+def save(tensors: dict[str, torch.Tensor], directory: str | Path) -> Path:
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if dist.is_initialized():
+        dist.barrier()
+    dcp.save(tensors, checkpoint_id=str(tmp))
+    if dist.is_initialized():
+        dist.barrier()
+    if rank0:
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.rename(directory)
+    if dist.is_initialized():
+        dist.barrier()
+    return directory
+
+
+def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
+    """Raise CheckpointError listing keys missing from the checkpoint, unexpected in it, or of
+    another shape, before anything is loaded."""
+    meta = SafeReader(str(directory)).read_metadata()
+    saved = {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
+    wanted = {k: tuple(v.shape) for k, v in tensors.items() if not k.startswith("rng.")}
+    missing = sorted(set(wanted) - set(saved))
+    unexpected = sorted(k for k in set(saved) - set(wanted) if not k.startswith("rng."))
+    shapes = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append("missing from the checkpoint: " + ", ".join(missing[:12]) + (" …" if len(missing) > 12 else ""))
+        if unexpected:
+            parts.append("not in this model: " + ", ".join(unexpected[:12]) + (" …" if len(unexpected) > 12 else ""))
+        if shapes:
+            parts.append("other shape: " + ", ".join(f"{k} {saved[k]} vs {wanted[k]}" for k in shapes[:12]))
+        raise CheckpointError(f"checkpoint {directory} was made for another model or layout; " + "; ".join(parts))
+
+
+def load(tensors: dict[str, torch.Tensor], directory: str | Path) -> dict[str, int]:
+    """Load in place into ``tensors``; returns the trainer counters; restores this rank's RNG."""
+    check_compatible(tensors, directory)
+    dcp.load(tensors, storage_reader=SafeReader(str(directory)), planner=_TensorsOnlyPlanner())
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if f"rng.rank{rank}" in tensors:
+        torch.set_rng_state(tensors[f"rng.rank{rank}"])
+    return {k.removeprefix("trainer."): int(v) for k, v in tensors.items() if k.startswith("trainer.")}
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The newest complete step_N checkpoint in ``directory`` (temporaries are ignored)."""
+    steps = []
+    for p in Path(directory).glob("step_*"):
+        m = re.fullmatch(r"step_(\d+)", p.name)
+        if m and (p / ".metadata").exists():
+            steps.append((int(m.group(1)), p))
+    return max(steps)[1] if steps else None
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded parameters by canonical name (DTensors gathered) — for comparisons and export."""
+    return {canonical(n): (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}

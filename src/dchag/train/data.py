@@ -1,0 +1,147 @@
+"""Datasets over the Zarr stores, reading only the channels a rank holds.
+
+Under D-CHAG, tensor-parallel rank r's tokenizer holds channel block r; the datasets take
+those channel ids and read only that block (one chunk per time step and channel for ERA5,
+band-group chunks for hyperspectral data), so I/O per rank falls with T.
+
+Randomness (lead times) is a pure function of (seed, epoch, index), and the sampler can
+start mid-epoch, so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import zarr
+from torch.utils.data import Dataset, Sampler
+
+from ..store import InputError
+
+
+class DataError(InputError):
+    pass
+
+
+def _open_array(store: str | Path, path: str) -> zarr.Array:
+    if not Path(store).exists():
+        raise DataError(f"Zarr store not found: {store}")
+    try:
+        return zarr.open_array(store=str(store), path=path, mode="r")
+    except Exception as err:
+        raise DataError(f"cannot read array {path!r} of {store}: {err}") from err
+
+
+def _attrs(store: str | Path, group: str = "") -> dict:
+    meta = Path(store) / group / "zarr.json"
+    return json.loads(meta.read_text()).get("attributes", {})
+
+
+def select_channels(available: list[str], wanted: list[str], store: str | Path) -> list[int]:
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        raise DataError(f"store {store} lacks channel(s) the model expects: {', '.join(missing)} (it has {', '.join(available)})")
+    return [available.index(c) for c in wanted]
+
+
+class ForecastDataset(Dataset):
+    """ERA5 forecasting pairs: inputs at t (the rank's channels), targets at t + lead (the
+    output channels), lead drawn uniformly from the configured multiples of the time step."""
+
+    def __init__(self, store: str | Path, channels: list[str], rank_channels: list[int], outputs: list[str],
+                 lead_hours: tuple[int, int], seed: int, fixed_lead: int | None = None):
+        self.store = str(store)
+        self.data = _open_array(store, "data")
+        attrs = _attrs(store)
+        index = select_channels(attrs["channel_names"], channels, store)
+        self.in_ids = [index[c] for c in rank_channels]
+        if self.in_ids != list(range(self.in_ids[0], self.in_ids[-1] + 1)):
+            raise DataError(f"the model's channels are not a contiguous block of {store}; reorder config channels")
+        self.out_ids = select_channels(attrs["channel_names"], outputs, store)
+        times = self._times()
+        step_h = int(round((times[1] - times[0]) / pd.Timedelta(hours=1))) if len(times) > 1 else 0
+        lo, hi = lead_hours
+        if step_h <= 0 or lo % step_h or hi % step_h or lo < step_h or hi < lo:
+            raise DataError(f"lead times {lo}-{hi} h must be positive multiples of the data's {step_h} h time step ({store})")
+        span = (len(times) - 1) * step_h
+        if hi > span:
+            raise DataError(f"lead time {hi} h is beyond the data's range: {store} spans {span} h ({times[0]} to {times[-1]})")
+        self.step_h = step_h
+        self.leads = np.arange(lo, hi + 1, step_h)
+        self.fixed_lead = fixed_lead
+        self.count = len(times) - hi // step_h
+        self.seed = seed
+        self.epoch = 0
+
+    def _times(self):
+        from ..store import open_zarr
+
+        with open_zarr(self.store) as ds:
+            return pd.DatetimeIndex(ds.time.values)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def lead_of(self, index: int) -> int:
+        if self.fixed_lead is not None:
+            return self.fixed_lead
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        return int(rng.choice(self.leads))
+
+    def __getitem__(self, index: int):
+        lead = self.lead_of(index)
+        lo, hi = self.in_ids[0], self.in_ids[-1] + 1
+        x = np.asarray(self.data[index, lo:hi], dtype=np.float32)
+        y = np.asarray(self.data.get_orthogonal_selection((index + lead // self.step_h, self.out_ids)), dtype=np.float32)
+        return torch.from_numpy(x), torch.tensor(float(lead)), torch.from_numpy(y)
+
+
+class SampleDataset(Dataset):
+    """Hyperspectral patches (with labels) or tiles, one split group of a store, the rank's bands."""
+
+    def __init__(self, store: str | Path, split: str, var: str, rank_bands: list[int], num_bands: int | None = None):
+        self.array = _open_array(store, f"{split}/{var}")
+        total = self.array.shape[1]
+        if num_bands is not None and num_bands != total:
+            raise DataError(f"{store} ({split}) has {total} bands, the model expects {num_bands}")
+        self.lo, self.hi = rank_bands[0], rank_bands[-1] + 1
+        self.labels = np.asarray(_open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
+
+    def __len__(self) -> int:
+        return self.array.shape[0]
+
+    def __getitem__(self, index: int):
+        x = torch.from_numpy(np.asarray(self.array[index, self.lo:self.hi], dtype=np.float32))
+        if self.labels is None:
+            return (x,)
+        return x, torch.tensor(self.labels[index])
+
+
+def store_info(store: str | Path, group: str = "") -> dict:
+    return _attrs(store, group)
+
+
+class ResumableSampler(Sampler[int]):
+    """Seeded shuffling per epoch, sharded over the data-parallel ranks, able to start at any
+    position of an epoch (resume). Every rank of a tensor-parallel group gets the same indices."""
+
+    def __init__(self, size: int, dp_size: int, dp_rank: int, seed: int, shuffle: bool = True):
+        self.size, self.dp_size, self.dp_rank, self.seed, self.shuffle = size, dp_size, dp_rank, seed, shuffle
+        self.per_rank = size // dp_size
+        if self.per_rank == 0:
+            raise DataError(f"{size} samples cannot be split over {dp_size} data-parallel ranks")
+        self.epoch = 0
+        self.start = 0
+
+    def indices(self, epoch: int) -> list[int]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.size) if self.shuffle else np.arange(self.size)
+        return order[: self.per_rank * self.dp_size][self.dp_rank::self.dp_size].tolist()
+
+    def __iter__(self):
+        return iter(self.indices(self.epoch)[self.start:])
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start

@@ -1,0 +1,412 @@
+"""`dchag train`: the torchrun entry point. One run = one task with its model and parallel
+layout; the loop is the same for forecasting, masked autoencoding and classification.
+
+Per step: data / forward / backward / optimizer time (and the time spent inside collectives
+where measurable), loss, learning rate, samples/s and peak memory per rank go to a CSV log
+and TensorBoard; rank 0 shows a progress bar. Checkpoints (DCP) every N steps and at the
+end; a restarted group (torchrun --max-restarts) resumes from the newest one and replays
+exactly the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils._python_dispatch import TorchDispatchMode
+from tqdm.auto import tqdm
+
+from .. import provenance
+from ..config import ConfigError
+from ..model import ChannelViT, ModelConfig, random_masking
+from ..model.build import model_config
+from ..parallel import ParallelDims, init_distributed, parallelize_model
+from ..parallel.parallelize import autocast, clip_grad_norm_
+from . import checkpoint as ckpt
+from .data import DataError, ForecastDataset, ResumableSampler, SampleDataset, store_info
+
+TASK_STORES = {"forecast": "era5", "mae": "hsi/mae.zarr", "classify": "hsi/classification.zarr"}
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (override or {}).items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def run_config(config: dict, run: str) -> dict:
+    """The config of one training run: the top-level model/parallel/train sections with the
+    run's overrides merged in."""
+    runs = config.get("train", {}).get("runs", {})
+    if run not in runs:
+        raise ConfigError(f"config key 'train.runs': no run named {run!r}; runs are {', '.join(runs) or 'none'}")
+    spec = runs[run]
+    merged = {k: v for k, v in config.items() if k not in ("model", "parallel", "train")}
+    merged["model"] = deep_merge(config.get("model", {}), spec.get("model", {}))
+    merged["parallel"] = deep_merge(config.get("parallel", {}), spec.get("parallel", {}))
+    merged["train"] = deep_merge({k: v for k, v in config.get("train", {}).items() if k != "runs"}, spec.get("train", {}))
+    merged["task"] = spec["task"]
+    merged["run"] = run
+    return merged
+
+
+def lat_weights(store: str | Path) -> torch.Tensor:
+    """cos(lat) / mean(cos(lat)), the WeatherBench/ClimaX latitude weights, shape (lat, 1)."""
+    from ..store import open_zarr
+
+    with open_zarr(store) as ds:
+        w = np.cos(np.deg2rad(ds.lat.values))
+    return torch.tensor(w / w.mean(), dtype=torch.float32)[:, None]
+
+
+@dataclass
+class StepTimes:
+    data: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+
+
+class Task:
+    """What differs between tasks: data, model config, loss, validation metric."""
+
+    def __init__(self, cfg: dict, results: Path, model_channels: list[int] | None = None):
+        self.cfg = cfg
+        self.name = cfg["task"]
+        self.train_cfg = cfg["train"]
+        self.results = results
+        if self.name == "forecast":
+            from ..model.build import DEFAULT_FORECAST_OUTPUTS, era5_shape
+
+            names, shape = era5_shape(cfg)
+            outputs = self.train_cfg.get("forecast", {}).get("outputs") or [n for n in DEFAULT_FORECAST_OUTPUTS if n in names]
+            missing = [o for o in outputs if o not in names]
+            if missing:
+                raise ConfigError(f"config key 'train.forecast.outputs': {missing} are not input channels ({', '.join(names)})")
+            self.channels, self.outputs = names, outputs
+            self.model_cfg = model_config(cfg, "forecast", out_channels=[names.index(o) for o in outputs])
+            self.store = {s: results / "era5" / f"{s}.zarr" for s in ("train", "val")}
+            self.weights = lat_weights(self.store["train"])
+        else:
+            store = results / TASK_STORES[self.name]
+            info = store_info(store, "train")
+            var = "patches" if self.name == "classify" else "tiles"
+            arr_meta = json.loads((store / "train" / var / "zarr.json").read_text())
+            _, bands, h, w = arr_meta["shape"]
+            wl = None
+            if self.cfg["model"].get("channel_embedding", "wavelength") == "wavelength":
+                wl_meta = np.asarray(_read(store, "train/wavelength"))
+                wl = wl_meta.tolist() if np.all(np.isfinite(wl_meta)) else None
+            classes = len(info.get("class_names", [])) if self.name == "classify" else 0
+            self.model_cfg = model_config(cfg, self.name, in_channels=bands, img_size=(h, w), num_classes=classes, wavelengths=wl)
+            self.store = {s: store for s in ("train", "val")}
+            self.var = var
+            self.class_names = info.get("class_names", [])
+
+    def dataset(self, split: str, rank_channels: list[int], seed: int):
+        if self.name == "forecast":
+            lead = tuple(self.train_cfg.get("forecast", {}).get("lead_hours", [24, 168]))
+            return ForecastDataset(self.store[split], self.channels, rank_channels, self.outputs, lead, seed)
+        return SampleDataset(self.store[split], split, self.var, rank_channels, self.model_cfg.in_channels)
+
+    def loss(self, model, batch, step: int, seed: int, tp_group) -> tuple[torch.Tensor, dict]:
+        if self.name == "forecast":
+            x, lead, y = batch
+            pred = model(x, lead)
+            w = self.weights.to(pred.device)
+            return (((pred - y) ** 2) * w).mean(), {}
+        if self.name == "classify":
+            x, label = batch
+            logits = model(x)
+            return torch.nn.functional.cross_entropy(logits, label), {"accuracy": (logits.argmax(-1) == label).float().mean().item()}
+        (x,) = batch
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)  # same mask on every TP rank
+        ids_keep, mask = random_masking(x.shape[0], self.model_cfg.num_patches, self.train_cfg.get("mae", {}).get("mask_ratio", 0.75), g)
+        pred = model(x, ids_keep=ids_keep.to(x.device))
+        target = gather_channels(x, tp_group)
+        per_patch = patchwise_mse(pred, target, self.model_cfg.patch_size)
+        if self.train_cfg.get("mae", {}).get("loss", "masked") == "masked":
+            m = mask.to(per_patch.device)
+            return (per_patch * m).sum() / m.sum(), {}
+        return per_patch.mean(), {}
+
+
+def _read(store, path):
+    import zarr
+
+    return zarr.open_array(store=str(store), path=path, mode="r")[:]
+
+
+def patchwise_mse(pred: torch.Tensor, target: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C, H, W) x2 -> (B, L) mean squared error per patch."""
+    d = (pred - target) ** 2
+    b, c, h, w = d.shape
+    return d.reshape(b, c, h // p, p, w // p, p).mean(dim=(1, 3, 5)).reshape(b, -1)
+
+
+def gather_channels(x: torch.Tensor, group) -> torch.Tensor:
+    """All channels from every TP rank's block (uneven blocks padded for the collective):
+    the masked autoencoder reconstructs every channel, while each rank reads only its own."""
+    if group is None or dist.get_world_size(group) == 1:
+        return x
+    sizes = [torch.zeros((), dtype=torch.long) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, torch.tensor(x.shape[1]), group=group)
+    width = int(max(sizes))
+    padded = torch.zeros(x.shape[0], width, *x.shape[2:], dtype=x.dtype)
+    padded[:, : x.shape[1]] = x
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    return torch.cat([part[:, : int(n)] for part, n in zip(parts, sizes)], dim=1)
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _collate(items):
+    return [torch.stack(parts) for parts in zip(*items)]
+
+
+class Trainer:
+    def __init__(self, config: dict, run: str, outdir: str | Path, data_root: str | Path | None = None):
+        self.cfg = run_config(config, run)
+        self.full_config = config
+        self.out = Path(outdir)
+        self.backend, self.device = init_distributed()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        par = self.cfg["parallel"]
+        self.dims = ParallelDims(tp=par.get("tp", 1), dp_mode=par.get("dp", "fsdp"), world_size=dist.get_world_size())
+        self.mesh = self.dims.build_mesh(self.device.type)
+        self.rank = dist.get_rank()
+        t = self.cfg["train"]
+        self.seed = int(t.get("seed", 0))
+        self.task = Task(self.cfg, Path(data_root) if data_root else Path("results") / config["name"])
+        torch.manual_seed(self.seed)
+        model = ChannelViT(self.task.model_cfg)
+        strategy = par.get("strategy", "dchag")
+        if strategy == "dchag" and self.task.model_cfg.aggregation == "baseline":
+            raise ConfigError(f"run {run!r}: parallel.strategy dchag needs model.aggregation linear or cross")
+        precision = par.get("precision", "auto")
+        self.precision = ("bf16" if self.device.type == "cuda" else "fp32") if precision == "auto" else precision
+        self.model = parallelize_model(model.to(self.device), self.dims, self.mesh, strategy=strategy,
+                                       activation_checkpointing=par.get("activation_checkpointing", False))
+        self.core = self.model.module if hasattr(self.model, "module") else self.model
+        self.channel_ids = self.core.tokenizer.channel_ids.tolist()
+        self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.get("lr", 1e-3), weight_decay=t.get("weight_decay", 0.05), betas=(0.9, 0.95))
+        self.steps = int(t.get("steps", 100))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.get("warmup_steps", 10), self.steps, t.get("min_lr_ratio", 0.05)))
+        self.train_set = self.task.dataset("train", self.channel_ids, self.seed)
+        self.val_set = self.task.dataset("val", self.channel_ids, self.seed + 1)
+        dp_rank = self.mesh["dp"].get_local_rank()
+        self.batch = int(t.get("batch_size", 8))
+        self.sampler = ResumableSampler(len(self.train_set), self.dims.dp, dp_rank, self.seed)
+        if self.sampler.per_rank < self.batch:
+            raise DataError(f"{len(self.train_set)} training samples over {self.dims.dp} data-parallel ranks is less than one batch of {self.batch}")
+        self.val_sampler = ResumableSampler(len(self.val_set), self.dims.dp, dp_rank, self.seed, shuffle=False)
+        self.workers = int(t.get("num_workers", 0))
+        self.prefetch = int(t.get("prefetch_factor", 2)) if self.workers else None
+
+    # -- data --------------------------------------------------------------------------------
+    def _loader(self, dataset, sampler):
+        return DataLoader(dataset, batch_size=self.batch, sampler=sampler, drop_last=True, num_workers=self.workers,
+                          prefetch_factor=self.prefetch, collate_fn=_collate, persistent_workers=False)
+
+    def _batches(self, epoch: int, start: int):
+        while True:
+            self.sampler.epoch, self.sampler.start = epoch, start
+            if hasattr(self.train_set, "epoch"):
+                self.train_set.epoch = epoch
+            for i, batch in enumerate(self._loader(self.train_set, self.sampler)):
+                yield epoch, start + (i + 1) * self.batch, batch
+            epoch, start = epoch + 1, 0
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _counters(self, step, epoch, pos):
+        return {"step": step, "epoch": epoch, "position": pos}
+
+    def _resume(self) -> tuple[int, int, int]:
+        last = ckpt.latest(self.out / "checkpoints")
+        if last is None:
+            return 0, 0, 0
+        c = ckpt.load(ckpt.state(self.model, self.opt, self._counters(0, 0, 0)), last)
+        if self.rank == 0:
+            print(f"resuming from {last} (step {c['step']})", flush=True)
+        return c["step"], c["epoch"], c["position"]
+
+    # -- the loop ----------------------------------------------------------------------------
+    def validate(self) -> dict:
+        self.model.eval()
+        losses, extra = [], []
+        max_batches = int(self.cfg["train"].get("val_batches", 4))
+        with torch.no_grad(), autocast(self.device, self.precision):
+            for i, batch in enumerate(self._loader(self.val_set, self.val_sampler)):
+                if i >= max_batches:
+                    break
+                batch = [b.to(self.device) for b in batch]
+                loss, info = self.task.loss(self.model, batch, 10**9 + i, self.seed, self.tp_group)
+                losses.append(float(loss))
+                extra.append(info.get("accuracy"))
+        self.model.train()
+        stats = torch.tensor([sum(losses), len(losses), sum(e for e in extra if e is not None), sum(e is not None for e in extra)], dtype=torch.float64)
+        dist.all_reduce(stats)
+        out = {"val_loss": float(stats[0] / max(1, stats[1]))}
+        if stats[3] > 0:
+            out["val_accuracy"] = float(stats[2] / stats[3])
+        return out
+
+    def train(self) -> Path:
+        t = self.cfg["train"]
+        self.out.mkdir(parents=True, exist_ok=True)
+        step, epoch, pos = self._resume()
+        log_path = self.out / "log.csv.partial"
+        fields = ["step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "peak_mem_mib", "t_data", "t_forward",
+                  "t_backward", "t_optimizer", "t_comm", "val_loss", "val_accuracy"]
+        rows = self._previous_rows(log_path, step) if self.rank == 0 else []
+        writer_tb = self._tensorboard() if self.rank == 0 else None
+        ckpt_every = int(t.get("checkpoint_every", 100))
+        val_every = int(t.get("val_every", 100))
+        clip = float(t.get("grad_clip", 1.0))
+        bar = tqdm(total=self.steps, initial=step, desc=f"train {self.cfg['run']}", disable=self.rank != 0, mininterval=2)
+        batches = self._batches(epoch, pos)
+        self.model.train()
+        comm = _CommTimer() if t.get("measure_comm", True) else contextlib.nullcontext()
+        while step < self.steps:
+            t0 = time.perf_counter()
+            epoch, pos, batch = next(batches)
+            batch = [b.to(self.device) for b in batch]
+            t1 = time.perf_counter()
+            with comm:
+                with autocast(self.device, self.precision):
+                    loss, _ = self.task.loss(self.model, batch, step, self.seed, self.tp_group)
+                t2 = time.perf_counter()
+                loss.backward()
+                t3 = time.perf_counter()
+                grad_norm = float(clip_grad_norm_(self.model, clip, self.tp_group))
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                self.sched.step()
+            t4 = time.perf_counter()
+            times = StepTimes(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+            step += 1
+            row = {"step": step, "epoch": epoch, "loss": float(loss), "lr": self.sched.get_last_lr()[0], "grad_norm": grad_norm,
+                   "samples_per_s": self.batch / max(1e-9, t4 - t0), "peak_mem_mib": _peak_memory_mib(self.device),
+                   **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": comm.take() if isinstance(comm, _CommTimer) else None}
+            if step % val_every == 0 or step == self.steps:
+                row.update(self.validate())
+            if self.rank == 0:
+                rows.append(row)
+                _write_csv(log_path, fields, rows)
+                if writer_tb is not None:
+                    for k, v in row.items():
+                        if k not in ("step", "epoch") and v is not None:
+                            writer_tb.add_scalar(k, v, step)
+                bar.update(1)
+                bar.set_postfix(loss=f"{row['loss']:.4f}")
+            if step % ckpt_every == 0 and step < self.steps:
+                ckpt.save(ckpt.state(self.model, self.opt, self._counters(step, epoch, pos)), self.out / "checkpoints" / f"step_{step}")
+        bar.close()
+        final = ckpt.save(ckpt.state(self.model, self.opt, self._counters(step, epoch, pos)), self.out / "final")
+        if self.rank == 0:
+            self._write_run_info()
+            if writer_tb is not None:
+                writer_tb.close()
+            log_path.replace(self.out / "log.csv")
+        dist.barrier()
+        return final
+
+    def _previous_rows(self, path: Path, step: int) -> list[dict]:
+        """Rows of a crashed attempt up to the checkpoint resumed from (later ones are redone)."""
+        if not path.exists() or step == 0:
+            return []
+        with open(path) as f:
+            return [{k: (float(v) if v not in ("", None) else None) for k, v in r.items()} | {"step": int(r["step"])}
+                    for r in csv.DictReader(f) if int(r["step"]) <= step]
+
+    def _tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+        return SummaryWriter(log_dir=str(self.out / "tensorboard"))
+
+    def _write_run_info(self) -> None:
+        info = {
+            "run": self.cfg["run"],
+            "task": self.task.name,
+            "model": asdict(self.task.model_cfg),
+            "parallel": {**self.cfg["parallel"], "world_size": self.dims.world_size, "dp": self.dims.dp, "backend": self.backend},
+            "precision": self.precision,
+            "train": self.cfg["train"],
+            "mae_loss": self.cfg["train"].get("mae", {}).get("loss", "masked") if self.task.name == "mae" else None,
+            "provenance": provenance.record(self.full_config),
+        }
+        (self.out / "run.json").write_text(json.dumps(info, indent=1, default=str))
+
+
+class _CommTimer(TorchDispatchMode):
+    """Seconds spent inside collective calls and their waits (c10d and functional collectives
+    as dispatched ops): on gloo these block, so this is the communication time; on NCCL the
+    calls are asynchronous and this undercounts (use a profiler there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if "c10d" not in name:
+            return func(*args, **(kwargs or {}))
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.total += time.perf_counter() - t0
+        return out
+
+    def take(self) -> float:
+        total, self.total = self.total, 0.0
+        return total
+
+
+def _peak_memory_mib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS on the CPU
+
+
+def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in fields})
+    tmp.replace(path)
+
+
+def main(config: dict, run: str, outdir: str | Path, data_root: str | Path | None = None) -> None:
+    trainer = Trainer(config, run, outdir, data_root)
+    try:
+        trainer.train()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

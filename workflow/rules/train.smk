@@ -1,0 +1,33 @@
+# Training: one torchrun job per run of config train.runs (the demo: baseline and D-CHAG for
+# each task). A crashed worker restarts the group (--max-restarts), which resumes from the
+# newest checkpoint; so does a rerun of the job.
+
+
+rule train:
+    input:
+        train_inputs,
+    output:
+        final=directory(f"{RESULTS}/train/{{run}}/final"),
+        log=f"{RESULTS}/train/{{run}}/log.csv",
+    log:
+        f"{LOGS}/train_{{run}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train_{{run}}.tsv"
+    wildcard_constraints:
+        run="|".join(TRAIN_RUNS) or "NO_RUNS",
+    conda:
+        "../../envs/train.yaml"
+    threads: TRAIN.get("nproc", 2)
+    resources:
+        runtime=240,
+    params:
+        torchrun=TORCHRUN,
+        cfg=train_config_arg,
+        nproc=TRAIN.get("nproc", 2),
+        restarts=TRAIN.get("max_restarts", 1),
+        outdir=lambda w, output: Path(output.log).parent,
+        data=lambda w, input: Path(input[0]).parents[1],
+    shell:
+        "{params.torchrun} --standalone --nproc-per-node {params.nproc} --max-restarts {params.restarts} "
+        "-m dchag train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
+        "--data-root {params.data} > {log} 2>&1"
