@@ -156,6 +156,14 @@ def cmd_train(args) -> None:
     train_main(_config(args), args.run, args.output, args.data_root)
 
 
+def cmd_train_summary(args) -> None:
+    from .train.summary import summarize
+
+    for r in summarize(args.logs, args.output):
+        print(f"{r['run']:22s} loss {r['loss_first']:.4f} -> {r['loss_last']:.4f} ({r['loss_fall_pct']:.0f}% lower); "
+              f"val {r['val_loss_last']:.4f} ({r['val_loss_vs_baseline_pct']:+.1f}% vs baseline)")
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dchag", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
     sp.add_argument("--output", required=True, help="run directory: checkpoints/, final/, log.csv, tensorboard/, run.json")
     sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
+
+    sp = add("train-summary", cmd_train_summary, "table of losses per run and D-CHAG vs baseline, from training logs")
+    sp.add_argument("logs", nargs="+", help="log.csv files of training runs")
+    sp.add_argument("--output", required=True)
 
     sp = add("describe-model", cmd_describe_model, "parameter counts per part, for the baseline and each D-CHAG variant")
     config_arg(sp)

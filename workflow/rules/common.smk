@@ -154,7 +154,9 @@ def train_config_arg(wildcards):
 
 
 def train_outputs():
-    return [f"{RESULTS}/train/{run}/final" for run in TRAIN_RUNS]
+    if not TRAIN_RUNS:
+        return []
+    return [f"{RESULTS}/train/{run}/final" for run in TRAIN_RUNS] + [f"{RESULTS}/train/summary.csv"]
 
 
 def all_outputs():

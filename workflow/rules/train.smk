@@ -31,3 +31,18 @@ rule train:
         "{params.torchrun} --standalone --nproc-per-node {params.nproc} --max-restarts {params.restarts} "
         "-m dchag train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
         "--data-root {params.data} > {log} 2>&1"
+
+
+rule train_summary:
+    input:
+        [f"{RESULTS}/train/{run}/log.csv" for run in TRAIN_RUNS],
+    output:
+        f"{RESULTS}/train/summary.csv",
+    log:
+        f"{LOGS}/train_summary.log",
+    params:
+        dchag=DCHAG,
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "{params.dchag} train-summary {input} --output {output} > {log} 2>&1"

@@ -31,7 +31,15 @@ def init_distributed() -> tuple[str, torch.device]:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29511")
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+        kwargs = {}
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # A group restarted by torchrun (--max-restarts) must not read the addresses its
+            # previous attempt left in the agent's store: give each attempt its own key space.
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+            kwargs = dict(store=dist.PrefixStore(f"dchag/attempt_{attempt}", store),
+                          rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None, **kwargs)
     return backend, device
 
 

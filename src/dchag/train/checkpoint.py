@@ -41,15 +41,17 @@ _ALLOWED = {
     "torch.distributed.checkpoint._extension",
     "collections",
     "torch",
-    "torch._utils",
     "torch.storage",
 }
+# Functions DCP's metadata legitimately names: they rebuild dtypes/layouts from their names.
+_ALLOWED_FUNCTIONS = {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+                      ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
 _ALLOWED_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "slice", "NoneType"}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        if module == "builtins" and name in _ALLOWED_BUILTINS:
+        if (module, name) in _ALLOWED_FUNCTIONS or (module == "builtins" and name in _ALLOWED_BUILTINS):
             return super().find_class(module, name)
         if module in _ALLOWED and not name.startswith("_load") and name not in ("load", "eval", "exec"):
             obj = super().find_class(module, name)
@@ -134,8 +136,13 @@ def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) ->
     meta = SafeReader(str(directory)).read_metadata()
     saved = {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
     wanted = {k: tuple(v.shape) for k, v in tensors.items() if not k.startswith("rng.")}
+    everyone = set(wanted)  # D-CHAG ranks hold different keys: "unexpected" is against all of them
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        keys: list = [None] * dist.get_world_size()
+        dist.all_gather_object(keys, sorted(wanted))
+        everyone = set().union(*keys)
     missing = sorted(set(wanted) - set(saved))
-    unexpected = sorted(k for k in set(saved) - set(wanted) if not k.startswith("rng."))
+    unexpected = sorted(k for k in set(saved) - everyone if not k.startswith("rng."))
     shapes = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
     if missing or unexpected or shapes:
         parts = []

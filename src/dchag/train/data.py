@@ -131,7 +131,7 @@ class ResumableSampler(Sampler[int]):
     def __init__(self, size: int, dp_size: int, dp_rank: int, seed: int, shuffle: bool = True):
         self.size, self.dp_size, self.dp_rank, self.seed, self.shuffle = size, dp_size, dp_rank, seed, shuffle
         self.per_rank = size // dp_size
-        if self.per_rank == 0:
+        if self.per_rank == 0 and shuffle:
             raise DataError(f"{size} samples cannot be split over {dp_size} data-parallel ranks")
         self.epoch = 0
         self.start = 0

@@ -16,6 +16,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -121,7 +122,7 @@ class Task:
             return ForecastDataset(self.store[split], self.channels, rank_channels, self.outputs, lead, seed)
         return SampleDataset(self.store[split], split, self.var, rank_channels, self.model_cfg.in_channels)
 
-    def loss(self, model, batch, step: int, seed: int, tp_group) -> tuple[torch.Tensor, dict]:
+    def loss(self, model, batch, step: int, seed: int, channel_group) -> tuple[torch.Tensor, dict]:
         if self.name == "forecast":
             x, lead, y = batch
             pred = model(x, lead)
@@ -135,7 +136,7 @@ class Task:
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)  # same mask on every TP rank
         ids_keep, mask = random_masking(x.shape[0], self.model_cfg.num_patches, self.train_cfg.get("mae", {}).get("mask_ratio", 0.75), g)
         pred = model(x, ids_keep=ids_keep.to(x.device))
-        target = gather_channels(x, tp_group)
+        target = gather_channels(x, channel_group)
         per_patch = patchwise_mse(pred, target, self.model_cfg.patch_size)
         if self.train_cfg.get("mae", {}).get("loss", "masked") == "masked":
             m = mask.to(per_patch.device)
@@ -211,6 +212,8 @@ class Trainer:
         self.core = self.model.module if hasattr(self.model, "module") else self.model
         self.channel_ids = self.core.tokenizer.channel_ids.tolist()
         self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
+        # Only under D-CHAG does a rank hold a slice of the channels (the MAE target needs all).
+        self.channel_group = self.tp_group if self.core.group_gather is not None else None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.get("lr", 1e-3), weight_decay=t.get("weight_decay", 0.05), betas=(0.9, 0.95))
         self.steps = int(t.get("steps", 100))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.get("warmup_steps", 10), self.steps, t.get("min_lr_ratio", 0.05)))
@@ -226,8 +229,8 @@ class Trainer:
         self.prefetch = int(t.get("prefetch_factor", 2)) if self.workers else None
 
     # -- data --------------------------------------------------------------------------------
-    def _loader(self, dataset, sampler):
-        return DataLoader(dataset, batch_size=self.batch, sampler=sampler, drop_last=True, num_workers=self.workers,
+    def _loader(self, dataset, sampler, drop_last: bool = True):
+        return DataLoader(dataset, batch_size=self.batch, sampler=sampler, drop_last=drop_last, num_workers=self.workers,
                           prefetch_factor=self.prefetch, collate_fn=_collate, persistent_workers=False)
 
     def _batches(self, epoch: int, start: int):
@@ -241,13 +244,33 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------
     def _counters(self, step, epoch, pos):
-        return {"step": step, "epoch": epoch, "position": pos}
+        return {"step": step, "epoch": epoch, "position": pos, "scheduler_last_epoch": self.sched.last_epoch}
+
+    def _forget_stale_checkpoints(self) -> None:
+        """Checkpoints of a run with another configuration are not resumed: they are removed
+        (and said so), since this run must start from scratch."""
+        directory = self.out / "checkpoints"
+        fingerprint = json.dumps({k: self.cfg[k] for k in ("task", "model", "parallel", "train")}, sort_keys=True, default=str)
+        if self.rank == 0:
+            stamp = directory / "run_config.json"
+            if directory.exists() and (not stamp.exists() or stamp.read_text() != fingerprint):
+                print(f"{directory} holds checkpoints of another configuration; starting afresh", flush=True)
+                shutil.rmtree(directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(fingerprint)
+        dist.barrier()
 
     def _resume(self) -> tuple[int, int, int]:
+        self._forget_stale_checkpoints()
         last = ckpt.latest(self.out / "checkpoints")
         if last is None:
             return 0, 0, 0
         c = ckpt.load(ckpt.state(self.model, self.opt, self._counters(0, 0, 0)), last)
+        # The schedule is a function of the step: put the learning rates where they were.
+        self.sched.last_epoch = c["scheduler_last_epoch"]
+        for group, base, fn in zip(self.opt.param_groups, self.sched.base_lrs, self.sched.lr_lambdas):
+            group["lr"] = base * fn(self.sched.last_epoch)
+        self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
         if self.rank == 0:
             print(f"resuming from {last} (step {c['step']})", flush=True)
         return c["step"], c["epoch"], c["position"]
@@ -258,17 +281,17 @@ class Trainer:
         losses, extra = [], []
         max_batches = int(self.cfg["train"].get("val_batches", 4))
         with torch.no_grad(), autocast(self.device, self.precision):
-            for i, batch in enumerate(self._loader(self.val_set, self.val_sampler)):
+            for i, batch in enumerate(self._loader(self.val_set, self.val_sampler, drop_last=False)):
                 if i >= max_batches:
                     break
                 batch = [b.to(self.device) for b in batch]
-                loss, info = self.task.loss(self.model, batch, 10**9 + i, self.seed, self.tp_group)
+                loss, info = self.task.loss(self.model, batch, 10**9 + i, self.seed, self.channel_group)
                 losses.append(float(loss))
                 extra.append(info.get("accuracy"))
         self.model.train()
         stats = torch.tensor([sum(losses), len(losses), sum(e for e in extra if e is not None), sum(e is not None for e in extra)], dtype=torch.float64)
         dist.all_reduce(stats)
-        out = {"val_loss": float(stats[0] / max(1, stats[1]))}
+        out = {"val_loss": float(stats[0] / stats[1]) if stats[1] > 0 else float("nan")}
         if stats[3] > 0:
             out["val_accuracy"] = float(stats[2] / stats[3])
         return out
@@ -296,7 +319,7 @@ class Trainer:
             t1 = time.perf_counter()
             with comm:
                 with autocast(self.device, self.precision):
-                    loss, _ = self.task.loss(self.model, batch, step, self.seed, self.tp_group)
+                    loss, _ = self.task.loss(self.model, batch, step, self.seed, self.channel_group)
                 t2 = time.perf_counter()
                 loss.backward()
                 t3 = time.perf_counter()
@@ -307,7 +330,7 @@ class Trainer:
             t4 = time.perf_counter()
             times = StepTimes(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
             step += 1
-            row = {"step": step, "epoch": epoch, "loss": float(loss), "lr": self.sched.get_last_lr()[0], "grad_norm": grad_norm,
+            row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": self.sched.get_last_lr()[0], "grad_norm": grad_norm,
                    "samples_per_s": self.batch / max(1e-9, t4 - t0), "peak_mem_mib": _peak_memory_mib(self.device),
                    **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": comm.take() if isinstance(comm, _CommTimer) else None}
             if step % val_every == 0 or step == self.steps:
@@ -338,7 +361,7 @@ class Trainer:
         if not path.exists() or step == 0:
             return []
         with open(path) as f:
-            return [{k: (float(v) if v not in ("", None) else None) for k, v in r.items()} | {"step": int(r["step"])}
+            return [{k: (float(v) if v not in ("", None) else None) for k, v in r.items()} | {"step": int(r["step"]), "epoch": int(r["epoch"])}
                     for r in csv.DictReader(f) if int(r["step"]) <= step]
 
     def _tensorboard(self):

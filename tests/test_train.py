@@ -1,0 +1,175 @@
+"""Training through torchrun on CPU/gloo: kill-and-resume equals an uninterrupted run, bad
+inputs give clear errors, checkpoints refuse foreign models and pickled code."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import small_era5_config
+from distributed import free_port, run_distributed
+from dchag.era5.preprocess import build_split, make_weights, normalization_stats, preprocess_year
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """Tiny ERA5 train/val stores (10 daily steps each) made by the real preprocessing."""
+    from dchag.era5 import demo
+
+    raw = tmp_path_factory.mktemp("raw")
+    for year in (2001, 2002, 2003):
+        demo.write_year(raw, year, 3.75, [500, 850], days=12)
+    demo.write_constants(raw, 3.75)
+    cfg = small_era5_config(raw)
+    root = tmp_path_factory.mktemp("results")
+    make_weights(cfg["era5"], 2001, root / "w.nc")
+    years = {y: preprocess_year(cfg["era5"], y, root / "w.nc", root / f"y{y}.zarr") for y in (2001, 2002, 2003)}
+    stats = normalization_stats([years[2001]], root / "stats.json")
+    for split, y in (("train", 2001), ("val", 2002)):
+        build_split(split, [years[y]], stats, root / "era5" / f"{split}.zarr")
+    return root, cfg
+
+
+def run_config(cfg: dict, **train) -> dict:
+    out = {
+        **cfg,
+        "model": {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 4, "aggregation": "linear"},
+        "parallel": {"tp": 2, "strategy": "dchag", "dp": "none"},
+        "train": {
+            "steps": 30, "batch_size": 2, "lr": 0.003, "warmup_steps": 3, "checkpoint_every": 10, "val_every": 10,
+            "val_batches": 2, "seed": 3, "forecast": {"outputs": ["z500", "t2m"], "lead_hours": [24, 48]},
+            "runs": {"f": {"task": "forecast"}},
+        },
+    }
+    out["train"].update(train)
+    return out
+
+
+def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
+           "--monitor-interval", "0.5",
+           "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir), "--data-root", str(root)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    outdir.mkdir(parents=True, exist_ok=True)
+    log = open(outdir.parent / f"{outdir.name}.out", "w")  # a file, not a pipe: a full pipe would block the run
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def finish(proc: subprocess.Popen, outdir: Path) -> str:
+    proc.wait(timeout=300)
+    return (outdir.parent / f"{outdir.name}.out").read_text()
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = run / "final.pt"
+    dcp_to_torch_save(str(run / "final"), str(out))
+    return {k: v for k, v in torch.load(out, weights_only=True).items() if k.startswith(("model.", "optim."))}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def test_sigkill_a_worker_then_resume_equals_uninterrupted_run(data_root, tmp_path):
+    root, base = data_root
+    cfg = run_config(base)
+    clean = torchrun(cfg, tmp_path / "clean", root)
+    out = finish(clean, tmp_path / "clean")
+    assert clean.returncode == 0, out[-3000:]
+
+    killed = torchrun(cfg, tmp_path / "killed", root)
+    log = tmp_path / "killed" / "log.csv.partial"
+    deadline = time.time() + 240
+    victim = None
+    while time.time() < deadline and victim is None:
+        if log.exists() and len(log.read_text().splitlines()) > 15:  # past the step-10 checkpoint
+            workers = _children(killed.pid)
+            if len(workers) == 2:
+                victim = max(workers)
+                os.kill(victim, signal.SIGKILL)
+        time.sleep(0.1)
+    assert victim is not None, "the run ended before a worker could be killed"
+    out = finish(killed, tmp_path / "killed")
+    assert killed.returncode == 0, out[-3000:]
+    assert "resuming from" in out
+
+    a, b = final_weights(tmp_path / "clean"), final_weights(tmp_path / "killed")
+    assert a.keys() == b.keys() and any(k.startswith("model.tokenizer[") for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows = (tmp_path / "killed" / "log.csv").read_text().splitlines()
+    assert len(rows) == 31 and rows[-1].startswith("30,")  # one row per step, none repeated
+    losses = [float(r.split(",")[2]) for r in rows[1:]]
+    assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def _cli(cfg, tmp_path, root):
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return subprocess.run([sys.executable, "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f",
+                           "--output", str(tmp_path / "run"), "--data-root", str(root)], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["parallel"].update(tp=2), "world size 1 is not a multiple of the tensor-parallel size tp=2"),
+        (lambda c: c["era5"]["channels"]["single_level"].append("mean_sea_level_pressure"), "lacks channel(s) the model expects: msl"),
+        (lambda c: c["train"]["forecast"].update(lead_hours=[24, 2400]), "lead time 2400 h is beyond the data's range"),
+    ],
+    ids=["world vs tp", "missing channel", "lead time"],
+)
+def test_bad_training_inputs(data_root, tmp_path, edit, message):
+    root, base = data_root
+    cfg = json.loads(json.dumps(run_config(base)))
+    cfg["parallel"]["tp"] = 1
+    edit(cfg)
+    proc = _cli(cfg, tmp_path, root)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "final").exists() and not (tmp_path / "run" / "log.csv").exists()
+
+
+def _checkpoint_other_model(rank, world, tmp):
+    from dchag.model import ChannelViT, ModelConfig
+    from dchag.train import checkpoint as ckpt
+
+    a = ChannelViT(ModelConfig(in_channels=6, img_size=(8, 8), embed_dim=16, depth=1, num_heads=2, aggregation="linear", groups=2, out_channels=[0]))
+    b = ChannelViT(ModelConfig(in_channels=6, img_size=(8, 8), embed_dim=32, depth=2, num_heads=2, aggregation="linear", groups=2, out_channels=[0]))
+    ckpt.save(ckpt.state(a, torch.optim.AdamW(a.parameters()), {"step": 1}), Path(tmp) / "ck")
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.load(ckpt.state(b, torch.optim.AdamW(b.parameters()), {"step": 0}), Path(tmp) / "ck")
+    msg = str(err.value)
+    assert "another model" in msg and "missing from the checkpoint: model.blocks.1.attn.inner.proj.bias" in msg
+    assert "model.blocks.0.mlp.fc1.weight (64, 16) vs (128, 32)" in msg
+    # Metadata that names code instead of data is refused, never executed.
+    evil = Path(tmp) / "evil"
+    evil.mkdir()
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(Path(tmp) / "pwned"),))
+
+    (evil / ".metadata").write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(ckpt.CheckpointError, match="refusing"):
+        ckpt.SafeReader(str(evil)).read_metadata()
+    assert not (Path(tmp) / "pwned").exists()
+
+
+def test_checkpoints_refuse_other_models_and_code(tmp_path):
+    run_distributed(_checkpoint_other_model, 1, str(tmp_path))
