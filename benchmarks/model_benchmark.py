@@ -131,7 +131,6 @@ def run_worker(args) -> None:
             if rank == 0:
                 print(json.dumps(result), flush=True)
                 rows.append(result)
-            del model, opt
     dist.destroy_process_group()
 
 

@@ -178,3 +178,22 @@ def check_data_parallel_step(rank: int, world: int, tp: int, dp_mode: str, strat
             ref = ref[ids]
         close(p.detach(), ref, f"{dp_mode} tp={tp} {strategy}: {key} after one step", rtol=1e-5)
     dist.barrier()
+
+
+def check_activation_checkpointing(rank: int, world: int) -> None:
+    """Recomputing the ViT blocks and the final aggregation in backward changes nothing."""
+    dims = ParallelDims(tp=world, dp_mode="none", world_size=world)
+    mesh = dims.build_mesh("cpu")
+    cfg = small_config(groups=world)
+    torch.manual_seed(0)
+    base = ChannelViT(cfg)
+    plain = parallelize_model(copy.deepcopy(base), dims, mesh, strategy="dchag")
+    recomputed = parallelize_model(copy.deepcopy(base), dims, mesh, strategy="dchag", activation_checkpointing=True)
+    x, lead, target = _batch(cfg)
+    ids = plain.tokenizer.channel_ids
+    for m in (plain, recomputed):
+        _loss(m, x[:, ids], lead, target).backward()
+    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in recomputed.named_parameters()}
+    assert any("_checkpoint_wrapped_module" in n for n, _ in recomputed.named_parameters())
+    for name, p in plain.named_parameters():
+        close(grads[name], p.grad, f"activation checkpointing: grad of {name}", rtol=1e-6)

@@ -46,3 +46,7 @@ def test_communication_per_step(strategy):
 )
 def test_data_parallel_step_equals_full_batch_step(world, tp, dp_mode, strategy):
     run_distributed(checks.check_data_parallel_step, world, tp, dp_mode, strategy)
+
+
+def test_activation_checkpointing_changes_nothing():
+    run_distributed(checks.check_activation_checkpointing, 2)

@@ -173,3 +173,15 @@ def _checkpoint_other_model(rank, world, tmp):
 
 def test_checkpoints_refuse_other_models_and_code(tmp_path):
     run_distributed(_checkpoint_other_model, 1, str(tmp_path))
+
+
+def test_cluster_launch_command_from_a_slurm_allocation():
+    from dchag.train.launch import expand_hostlist, torchrun_command
+
+    assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_NNODES": "2", "PATH": "/nonexistent"}
+    cmd = torchrun_command(4, 2, ["--config", "c.yaml"], env)
+    assert cmd[:3] == ["torchrun", "--nproc-per-node=4", "--max-restarts=2"]
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node07:29500", "--rdzv-id=4242"} <= set(cmd)
+    assert cmd[-5:] == ["-m", "dchag", "train", "--config", "c.yaml"]
+    assert "--standalone" in torchrun_command(2, 1, [], {"PATH": "/nonexistent"})

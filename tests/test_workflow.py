@@ -30,7 +30,7 @@ def test_dry_run_plans_the_demo_dag(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
     for rule in ("era5_demo_year", "era5_weights", "era5_year", "era5_stats", "era5_split", "era5_climatology",
-                 "hsi_demo", "hsi_classification", "hsi_mae"):
+                 "hsi_demo", "hsi_classification", "hsi_mae", "train", "train_summary"):
         assert rule in out
 
 
@@ -53,6 +53,15 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
             ds = xr.open_zarr(tmp_path / "results" / "demo" / "hsi" / f"{task}.zarr", group=split, consolidated=False)
             assert ds[var].shape[1] == 200 and ds.sizes["sample"] > 0
     assert ds.attrs["source_images"][0].endswith(".hdr")
+    # Baseline and D-CHAG trained for every task on 2 processes; the loss fell in each run.
+    import csv
+
+    with open(tmp_path / "results" / "demo" / "train" / "summary.csv") as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    assert {r["run"] for r in rows} == {f"{t}-{v}" for t in ("forecast", "mae", "classify") for v in ("baseline", "dchag")}
+    for r in rows:
+        assert float(r["loss_last"]) < 0.7 * float(r["loss_first"]), r
+        assert (tmp_path / "results" / "demo" / "train" / r["run"] / "final" / ".metadata").exists()
     # Rerunning does nothing: results are up to date.
     again = snakemake(tmp_path, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -156,6 +156,15 @@ def cmd_train(args) -> None:
     train_main(_config(args), args.run, args.output, args.data_root)
 
 
+def cmd_launch_train(args) -> None:
+    from .train.launch import launch
+
+    cfg = _config(args)
+    train = cfg.get("train", {})
+    launch(args.nproc or train.get("nproc", 1), train.get("max_restarts", 1) if args.max_restarts is None else args.max_restarts,
+           ["--config", args.config, "--run-name", args.run, "--output", args.output, *(["--data-root", args.data_root] if args.data_root else [])])
+
+
 def cmd_train_summary(args) -> None:
     from .train.summary import summarize
 
@@ -257,6 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
     sp.add_argument("--output", required=True, help="run directory: checkpoints/, final/, log.csv, tensorboard/, run.json")
     sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
+
+    sp = add("launch-train", cmd_launch_train,
+             "start `dchag train` under torchrun: standalone, or per node with c10d rendezvous from a Slurm allocation")
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True)
+    sp.add_argument("--output", required=True)
+    sp.add_argument("--data-root")
+    sp.add_argument("--nproc", type=int, help="processes per node (default: train.nproc)")
+    sp.add_argument("--max-restarts", type=int, help="default: train.max_restarts")
 
     sp = add("train-summary", cmd_train_summary, "table of losses per run and D-CHAG vs baseline, from training logs")
     sp.add_argument("logs", nargs="+", help="log.csv files of training runs")

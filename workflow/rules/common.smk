@@ -156,7 +156,9 @@ def train_config_arg(wildcards):
 def train_outputs():
     if not TRAIN_RUNS:
         return []
-    return [f"{RESULTS}/train/{run}/final" for run in TRAIN_RUNS] + [f"{RESULTS}/train/summary.csv"]
+    return [f"{RESULTS}/train/{run}/final" for run in TRAIN_RUNS] + [
+        f"{RESULTS}/train/summary.csv"
+    ]
 
 
 def all_outputs():

@@ -40,9 +40,9 @@ rule train_summary:
         f"{RESULTS}/train/summary.csv",
     log:
         f"{LOGS}/train_summary.log",
-    params:
-        dchag=DCHAG,
     conda:
         "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
     shell:
         "{params.dchag} train-summary {input} --output {output} > {log} 2>&1"

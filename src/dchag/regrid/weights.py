@@ -17,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 import xarray as xr
 
+from .. import provenance
 from ..grids import GridError, LatLonGrid
 from .bilinear import bilinear_weights, unit_vectors
 from .conservative import conservative_weights
@@ -103,6 +104,7 @@ class RegridWeights:
                 "col-1 = ilat*nlon_in + ilon of the source, both in the (lat, lon) order stored in src_*/dst_*",
                 "source_shape_lat_lon": np.array(self.source.shape, dtype=np.int32),
                 "target_shape_lat_lon": np.array(self.target.shape, dtype=np.int32),
+                **provenance.as_attrs(provenance.record({"method": self.method, "source": self.source.describe(), "target": self.target.describe()})),
             },
         )
         path = Path(path)

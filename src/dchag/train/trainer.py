@@ -15,7 +15,6 @@ import copy
 import csv
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -30,13 +29,14 @@ from tqdm.auto import tqdm
 
 from .. import provenance
 from ..config import ConfigError
-from ..model import ChannelViT, ModelConfig, random_masking
+from ..model import ChannelViT, random_masking
 from ..model.build import model_config
 from ..parallel import ParallelDims, init_distributed, parallelize_model
 from ..parallel.parallelize import autocast, clip_grad_norm_
 from . import checkpoint as ckpt
 from .data import DataError, ForecastDataset, ResumableSampler, SampleDataset, store_info
 
+RANK_FIELDS = ["samples_per_s", "peak_mem_mib", "t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]
 TASK_STORES = {"forecast": "era5", "mae": "hsi/mae.zarr", "classify": "hsi/classification.zarr"}
 
 
@@ -303,7 +303,9 @@ class Trainer:
         log_path = self.out / "log.csv.partial"
         fields = ["step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "peak_mem_mib", "t_data", "t_forward",
                   "t_backward", "t_optimizer", "t_comm", "val_loss", "val_accuracy"]
-        rows = self._previous_rows(log_path, step) if self.rank == 0 else []
+        rank_log_path = self.out / "ranks.csv.partial"
+        log = CsvLog(log_path, fields, step) if self.rank == 0 else None
+        rank_log = CsvLog(rank_log_path, ["step", "rank", *RANK_FIELDS], step) if self.rank == 0 else None
         writer_tb = self._tensorboard() if self.rank == 0 else None
         ckpt_every = int(t.get("checkpoint_every", 100))
         val_every = int(t.get("val_every", 100))
@@ -335,9 +337,14 @@ class Trainer:
                    **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": comm.take() if isinstance(comm, _CommTimer) else None}
             if step % val_every == 0 or step == self.steps:
                 row.update(self.validate())
+            # Every rank's throughput, memory and timings, gathered to rank 0 (one small collective).
+            mine = torch.tensor([row[k] if row[k] is not None else float("nan") for k in RANK_FIELDS], dtype=torch.float64)
+            everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())] if self.rank == 0 else None
+            dist.gather(mine, everyone, dst=0)
             if self.rank == 0:
-                rows.append(row)
-                _write_csv(log_path, fields, rows)
+                log.append(row)
+                for r, values in enumerate(everyone):
+                    rank_log.append({"step": step, "rank": r, **dict(zip(RANK_FIELDS, values.tolist()))})
                 if writer_tb is not None:
                     for k, v in row.items():
                         if k not in ("step", "epoch") and v is not None:
@@ -353,16 +360,9 @@ class Trainer:
             if writer_tb is not None:
                 writer_tb.close()
             log_path.replace(self.out / "log.csv")
+            rank_log_path.replace(self.out / "ranks.csv")
         dist.barrier()
         return final
-
-    def _previous_rows(self, path: Path, step: int) -> list[dict]:
-        """Rows of a crashed attempt up to the checkpoint resumed from (later ones are redone)."""
-        if not path.exists() or step == 0:
-            return []
-        with open(path) as f:
-            return [{k: (float(v) if v not in ("", None) else None) for k, v in r.items()} | {"step": int(r["step"]), "epoch": int(r["epoch"])}
-                    for r in csv.DictReader(f) if int(r["step"]) <= step]
 
     def _tensorboard(self):
         try:
@@ -416,14 +416,24 @@ def _peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS on the CPU
 
 
-def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k) for k in fields})
-    tmp.replace(path)
+class CsvLog:
+    """An append-only CSV log; reopened after a restart, it keeps the rows up to the step
+    resumed from (later ones are redone by the resumed run)."""
+
+    def __init__(self, path: Path, fields: list[str], resume_step: int):
+        self.path, self.fields = path, fields
+        kept = []
+        if path.exists() and resume_step > 0:
+            with open(path) as f:
+                kept = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(kept)
+
+    def append(self, row: dict) -> None:
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.fields).writerow({k: row.get(k) for k in self.fields})
 
 
 def main(config: dict, run: str, outdir: str | Path, data_root: str | Path | None = None) -> None:

@@ -1,0 +1,58 @@
+"""Starting `dchag train` under torchrun: standalone on one machine, or one torchrun per node
+inside a Slurm allocation with c10d rendezvous on the job's first node.
+
+On a cluster, run one task per node, e.g. ``srun --ntasks-per-node 1 dchag launch-train ...``;
+every task derives the same rendezvous (head node, job id, node count) from Slurm's variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+RDZV_PORT = 29500
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Slurm's compressed host lists: 'gpu[01-03,07],login1' -> gpu01, gpu02, gpu03, gpu07, login1."""
+    hosts = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            hi = hi or lo
+            hosts += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
+    return hosts
+
+
+def slurm_head_node(env: dict) -> str:
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.split()[0]
+    return expand_hostlist(nodelist)[0]
+
+
+def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[str], env: dict | None = None) -> list[str]:
+    env = dict(os.environ if env is None else env)
+    cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
+    if "SLURM_JOB_ID" in env and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
+        nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={slurm_head_node(env)}:{RDZV_PORT}",
+                f"--rdzv-id={env['SLURM_JOB_ID']}"]
+    else:
+        cmd += ["--standalone"]
+    return [*cmd, "-m", "dchag", "train", *train_args]
+
+
+def launch(nproc_per_node: int, max_restarts: int, train_args: list[str]) -> None:
+    cmd = torchrun_command(nproc_per_node, max_restarts, train_args)
+    print(" ".join(cmd[:6]), "...", flush=True)
+    os.execvp(cmd[0], cmd)
