@@ -119,7 +119,7 @@ def cmd_demo_hsi(args) -> None:
 
     outdir = Path(args.outdir)
     demo.write_mat(outdir, args.size, args.size, seed=args.seed)
-    demo.write_envi(outdir / "envi", count=args.images, rows=args.size, cols=args.size, seed=args.seed + 100)
+    demo.write_envi(outdir / "envi", count=args.images, rows=args.image_size, cols=args.image_size, seed=args.seed + 100)
 
 
 def _parse_fractions(text: str) -> tuple[float, float, float]:
@@ -235,8 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("demo-hsi", cmd_demo_hsi, "write the synthetic hyperspectral demo scene (.mat + ground truth, and ENVI images)")
     sp.add_argument("--outdir", required=True)
-    sp.add_argument("--size", type=int, default=48, help="scene rows = cols")
-    sp.add_argument("--images", type=int, default=3, help="ENVI images for masked autoencoding")
+    sp.add_argument("--size", type=int, default=48, help="classification scene rows = cols")
+    sp.add_argument("--images", type=int, default=6, help="ENVI images for masked autoencoding")
+    sp.add_argument("--image-size", type=int, default=64, help="rows = cols of each ENVI image")
     sp.add_argument("--seed", type=int, default=0)
 
     sp = add("preprocess-hsi", cmd_preprocess_hsi,
