@@ -26,7 +26,7 @@ class DataError(InputError):
     pass
 
 
-def _open_array(store: str | Path, path: str) -> zarr.Array:
+def open_array(store: str | Path, path: str) -> zarr.Array:
     if not Path(store).exists():
         raise DataError(f"Zarr store not found: {store}")
     try:
@@ -52,9 +52,9 @@ class ForecastDataset(Dataset):
     output channels), lead drawn uniformly from the configured multiples of the time step."""
 
     def __init__(self, store: str | Path, channels: list[str], rank_channels: list[int], outputs: list[str],
-                 lead_hours: tuple[int, int], seed: int, fixed_lead: int | None = None):
+                 lead_hours: tuple[int, int], seed: int):
         self.store = str(store)
-        self.data = _open_array(store, "data")
+        self.data = open_array(store, "data")
         attrs = _attrs(store)
         index = select_channels(attrs["channel_names"], channels, store)
         self.in_ids = [index[c] for c in rank_channels]
@@ -71,7 +71,6 @@ class ForecastDataset(Dataset):
             raise DataError(f"lead time {hi} h is beyond the data's range: {store} spans {span} h ({times[0]} to {times[-1]})")
         self.step_h = step_h
         self.leads = np.arange(lo, hi + 1, step_h)
-        self.fixed_lead = fixed_lead
         self.count = len(times) - hi // step_h
         self.seed = seed
         self.epoch = 0
@@ -86,8 +85,6 @@ class ForecastDataset(Dataset):
         return self.count
 
     def lead_of(self, index: int) -> int:
-        if self.fixed_lead is not None:
-            return self.fixed_lead
         rng = np.random.default_rng([self.seed, self.epoch, index])
         return int(rng.choice(self.leads))
 
@@ -103,12 +100,12 @@ class SampleDataset(Dataset):
     """Hyperspectral patches (with labels) or tiles, one split group of a store, the rank's bands."""
 
     def __init__(self, store: str | Path, split: str, var: str, rank_bands: list[int], num_bands: int | None = None):
-        self.array = _open_array(store, f"{split}/{var}")
+        self.array = open_array(store, f"{split}/{var}")
         total = self.array.shape[1]
         if num_bands is not None and num_bands != total:
             raise DataError(f"{store} ({split}) has {total} bands, the model expects {num_bands}")
         self.lo, self.hi = rank_bands[0], rank_bands[-1] + 1
-        self.labels = np.asarray(_open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
+        self.labels = np.asarray(open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
 
     def __len__(self) -> int:
         return self.array.shape[0]

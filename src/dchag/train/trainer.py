@@ -34,7 +34,7 @@ from ..model.build import model_config
 from ..parallel import ParallelDims, init_distributed, parallelize_model
 from ..parallel.parallelize import autocast, clip_grad_norm_
 from . import checkpoint as ckpt
-from .data import DataError, ForecastDataset, ResumableSampler, SampleDataset, store_info
+from .data import DataError, ForecastDataset, ResumableSampler, SampleDataset, open_array, store_info
 
 RANK_FIELDS = ["samples_per_s", "peak_mem_mib", "t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]
 TASK_STORES = {"forecast": "era5", "mae": "hsi/mae.zarr", "classify": "hsi/classification.zarr"}
@@ -83,7 +83,7 @@ class StepTimes:
 class Task:
     """What differs between tasks: data, model config, loss, validation metric."""
 
-    def __init__(self, cfg: dict, results: Path, model_channels: list[int] | None = None):
+    def __init__(self, cfg: dict, results: Path):
         self.cfg = cfg
         self.name = cfg["task"]
         self.train_cfg = cfg["train"]
@@ -108,7 +108,7 @@ class Task:
             _, bands, h, w = arr_meta["shape"]
             wl = None
             if self.cfg["model"].get("channel_embedding", "wavelength") == "wavelength":
-                wl_meta = np.asarray(_read(store, "train/wavelength"))
+                wl_meta = np.asarray(open_array(store, "train/wavelength")[:])
                 wl = wl_meta.tolist() if np.all(np.isfinite(wl_meta)) else None
             classes = len(info.get("class_names", [])) if self.name == "classify" else 0
             self.model_cfg = model_config(cfg, self.name, in_channels=bands, img_size=(h, w), num_classes=classes, wavelengths=wl)
@@ -142,12 +142,6 @@ class Task:
             m = mask.to(per_patch.device)
             return (per_patch * m).sum() / m.sum(), {}
         return per_patch.mean(), {}
-
-
-def _read(store, path):
-    import zarr
-
-    return zarr.open_array(store=str(store), path=path, mode="r")[:]
 
 
 def patchwise_mse(pred: torch.Tensor, target: torch.Tensor, p: int) -> torch.Tensor:
