@@ -1,3 +1,4 @@
+import hashlib
 import json
 import shlex
 from pathlib import Path
@@ -29,10 +30,19 @@ else:
 
 
 def config_arg(*sections):
-    """The config sections a rule uses, as one shell-quoted JSON argument, so a rule reruns
-    when its own sections change and not when another's do."""
+    """The config sections a rule uses, written once to a content-addressed JSON file whose
+    path is the rule's argument: a rule reruns when its own sections change and not when
+    another's do, and the printed commands stay short."""
     cfg = {"name": config["name"], **{s: config[s] for s in sections}}
-    quoted = shlex.quote(json.dumps(cfg, sort_keys=True))
+    text = json.dumps(cfg, sort_keys=True, indent=1)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path(".snakemake") / "dchag-config" / f"{'+'.join(sections)}-{digest}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    quoted = shlex.quote(str(path))
     return (
         lambda wildcards: quoted
     )  # a function, so "{year}" inside is not taken as a wildcard
