@@ -10,7 +10,6 @@ start mid-epoch, so a resumed run sees exactly the batches an uninterrupted one 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +35,12 @@ def open_array(store: str | Path, path: str) -> zarr.Array:
 
 
 def _attrs(store: str | Path, group: str = "") -> dict:
-    meta = Path(store) / group / "zarr.json"
-    return json.loads(meta.read_text()).get("attributes", {})
+    if not Path(store).exists():
+        raise DataError(f"Zarr store not found: {store}")
+    try:
+        return dict(zarr.open_group(store=str(store), path=group, mode="r").attrs)
+    except Exception as err:
+        raise DataError(f"cannot read group {group or '/'!r} of {store}: {err}") from err
 
 
 def select_channels(available: list[str], wanted: list[str], store: str | Path) -> list[int]:

@@ -104,8 +104,7 @@ class Task:
             store = results / TASK_STORES[self.name]
             info = store_info(store, "train")
             var = "patches" if self.name == "classify" else "tiles"
-            arr_meta = json.loads((store / "train" / var / "zarr.json").read_text())
-            _, bands, h, w = arr_meta["shape"]
+            _, bands, h, w = open_array(store, f"train/{var}").shape
             wl = None
             if self.cfg["model"].get("channel_embedding", "wavelength") == "wavelength":
                 wl_meta = np.asarray(open_array(store, "train/wavelength")[:])
