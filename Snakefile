@@ -8,10 +8,15 @@ min_version("9.19")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/era5.smk"
 include: "workflow/rules/hsi.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/figures.smk"
 
 
 rule all:

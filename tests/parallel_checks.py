@@ -197,3 +197,23 @@ def check_activation_checkpointing(rank: int, world: int) -> None:
     assert any("_checkpoint_wrapped_module" in n for n, _ in recomputed.named_parameters())
     for name, p in plain.named_parameters():
         close(grads[name], p.grad, f"activation checkpointing: grad of {name}", rtol=1e-6)
+
+
+def check_checkpoint_exports(rank: int, world: int, strategy: str, directory: str, cfg_kw: dict) -> None:
+    """Save a parallelized model's training checkpoint and, on rank 0, its output on a fixed
+    batch, for the one-device export test."""
+    from dchag.train import checkpoint as ckpt
+
+    cfg = small_config(**cfg_kw)
+    dims = ParallelDims(tp=world, dp_mode="none", world_size=world)
+    mesh = dims.build_mesh("cpu")
+    torch.manual_seed(3)
+    model = parallelize_model(ChannelViT(cfg), dims, mesh, strategy=strategy)
+    opt = torch.optim.AdamW(model.parameters())
+    ids = model.tokenizer.channel_ids
+    x, lead, _ = _batch(cfg)
+    with torch.no_grad():
+        out = model(x[:, int(ids[0]):int(ids[-1]) + 1], lead)
+    ckpt.save(ckpt.state(model, opt, {"step": 1}), f"{directory}/final")
+    if rank == 0:
+        torch.save({"x": x, "lead": lead, "out": full(out)}, f"{directory}/reference.pt")

@@ -30,7 +30,10 @@ def test_dry_run_plans_the_demo_dag(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
     for rule in ("era5_demo_year", "era5_weights", "era5_year", "era5_stats", "era5_split", "era5_climatology",
-                 "hsi_demo", "hsi_classification", "hsi_mae", "train", "train_summary"):
+                 "hsi_demo", "hsi_classification", "hsi_mae", "train", "train_summary", "era5_truth", "forecast",
+                 "baseline_forecast", "score", "compare_scores", "evaluate_mae", "evaluate_classify", "hsi_scores",
+                 "fig_loss_curves", "fig_lead_time", "fig_forecast_maps", "fig_memory_throughput",
+                 "fig_hsi_reconstruction", "fig_classification"):
         assert rule in out
 
 
@@ -65,6 +68,60 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     # Rerunning does nothing: results are up to date.
     again = snakemake(tmp_path, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    check_evaluation(tmp_path / "results" / "demo")
+    # `snakemake figures` redraws every figure from the results, training nothing.
+    redraw = snakemake(tmp_path, "figures", "-n", "--quiet", "rules", "--forcerun", *FIGURE_RULES)
+    assert redraw.returncode == 0, redraw.stderr
+    import re
+
+    planned = {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", redraw.stdout + redraw.stderr, re.M)} - {"total", "figures"}
+    assert planned == set(FIGURE_RULES), planned
+    # The report: self-contained, every figure present when opened in a headless browser.
+    report = tmp_path / "report.html"
+    made = snakemake(tmp_path, "--report", str(report))
+    assert made.returncode == 0, made.stderr[-3000:]
+    check_report_in_browser(report, [Path(f).name for f in FIGURES_PNG])
+
+
+FIGURE_RULES = ["fig_loss_curves", "fig_lead_time", "fig_forecast_maps", "fig_memory_throughput", "fig_hsi_reconstruction",
+                "fig_classification"]
+FIGURES_PNG = ["loss_curves.png", "lead_time_wb2.png", "lead_time_climax.png", "forecast_maps.png", "memory_throughput.png",
+               "hsi_reconstruction.png", "classification.png"]
+
+
+def check_evaluation(results: Path) -> None:
+    import pandas as pd
+    import xarray as xr
+
+    ev = results / "eval"
+    for source in ("forecast-baseline", "forecast-dchag", "persistence", "climatology"):
+        for conv in ("wb2", "climax"):
+            df = pd.read_csv(ev / "era5" / f"scores_{source}_{conv}.csv")
+            assert list(df.columns) == ["variable", "lead_time_hours", "metric", "value", "convention"]
+            assert set(df.variable) == {"z500", "t850", "t2m", "u10", "v10"}
+            assert set(df.lead_time_hours) == {168, 336, 720} and (df.convention == conv).all()
+            rmse = df[df.metric == "rmse"].value
+            assert rmse.notna().all() and (rmse > 0).all()
+    fc = xr.open_zarr(ev / "era5" / "forecast_forecast-dchag.zarr", consolidated=False)
+    assert fc.z500.dims == ("time", "prediction_timedelta", "latitude", "longitude")
+    assert 4e4 < float(fc.z500.mean()) < 6.5e4  # physical units (m2 s-2), not normalised
+    table = pd.read_csv(ev / "era5" / "comparison_forecast-dchag_wb2.csv")
+    assert {"percent_change", "forecast-baseline", "forecast-dchag"} <= set(table.columns)
+    assert set(table.metric) == {"rmse", "mse", "acc"} and table.percent_change.notna().all()
+    hsi = pd.read_csv(ev / "hsi" / "scores.csv")
+    assert set(hsi.run) == {"mae-baseline", "mae-dchag", "classify-baseline", "classify-dchag"}
+    assert set(hsi[hsi.task == "mae"].region) == {"masked", "full"}
+    for name in FIGURES_PNG:
+        png = results / "figures" / name
+        assert png.stat().st_size > 10_000 and png.with_suffix(".pdf").exists(), name
+
+
+def check_report_in_browser(report: Path, figures: list[str]) -> None:
+    from report_browser import figures_shown
+
+    shown = figures_shown(report)
+    missing = [f for f in figures if f not in shown]
+    assert not missing, f"figures not shown in {report}: {missing} (shown: {shown})"
 
 
 @pytest.mark.parametrize(

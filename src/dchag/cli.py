@@ -173,6 +173,102 @@ def cmd_train_summary(args) -> None:
               f"val {r['val_loss_last']:.4f} ({r['val_loss_vs_baseline_pct']:+.1f}% vs baseline)")
 
 
+# -- evaluation ----------------------------------------------------------------------------
+def cmd_era5_truth(args) -> None:
+    from .evaluate.forecast import write_truth
+
+    write_truth(args.data, args.variables, args.output)
+
+
+def cmd_forecast(args) -> None:
+    from .evaluate.forecast import model_forecast
+
+    model_forecast(_config(args), args.run, args.checkpoint, args.data, args.lead_hours, args.output,
+                   data_root=args.data_root, batch_size=args.batch_size)
+
+
+def cmd_baseline_forecast(args) -> None:
+    from .evaluate.forecast import baseline_forecast
+
+    baseline_forecast(args.kind, args.data, args.variables, args.lead_hours, args.output, args.climatology)
+
+
+def cmd_score(args) -> None:
+    from .evaluate.score import score_files, write_csv
+
+    df = score_files(args.forecast, args.truth, args.climatology, args.convention, args.batch_size, args.metrics,
+                     args.variables, args.lead_hours, args.regrid)
+    write_csv(df, args.output)
+    print(df.pivot_table(index=["variable", "lead_time_hours"], columns="metric", values="value").to_string())
+
+
+def cmd_compare_scores(args) -> None:
+    from .evaluate.compare import percent_change
+    from .evaluate.score import write_csv
+
+    df = percent_change(args.baseline, args.candidate, args.baseline_name, args.candidate_name)
+    write_csv(df, args.output)
+    print(df.pivot_table(index=["convention", "variable", "lead_time_hours"], columns="metric", values="percent_change").round(2).to_string())
+
+
+def cmd_score_recon(args) -> None:
+    from .evaluate.recon import score_files, write_json
+
+    out = score_files(args.truth, args.pred, args.band_axis, args.data_range)
+    write_json(out, args.output)
+    print(" ".join(f"{k}={out[k]:.6g}" for k in ("rmse", "psnr", "psnr_band_mean", "ssim", "sam", "ergas")))
+
+
+def cmd_evaluate_mae(args) -> None:
+    from .evaluate.hsi import evaluate_mae
+
+    r = evaluate_mae(_config(args), args.run, args.checkpoint, args.output, args.samples, args.data_root)
+    for region in ("masked", "full"):
+        print(region, " ".join(f"{k}={r[region][k]:.4g}" for k in ("rmse", "psnr", "ssim", "sam", "ergas")))
+
+
+def cmd_evaluate_classify(args) -> None:
+    from .evaluate.hsi import evaluate_classification
+
+    r = evaluate_classification(_config(args), args.run, args.checkpoint, args.output, args.per_class, args.map, args.data_root)
+    print(f"OA {r['overall_accuracy']:.4f}  AA {r['average_accuracy']:.4f}  kappa {r['kappa']:.4f}")
+
+
+def cmd_hsi_scores(args) -> None:
+    from .evaluate.compare import hsi_table
+    from .evaluate.score import write_csv
+
+    write_csv(hsi_table(args.files), args.output)
+
+
+def cmd_figure(args) -> None:
+    from . import figures
+
+    kind = args.kind
+    if kind == "loss-curves":
+        figures.loss_curves(args.inputs, args.output)
+    elif kind == "lead-time":
+        figures.lead_time_scores(args.inputs, args.output, args.variables)
+    elif kind == "forecast-maps":
+        if not args.truth:
+            from .store import InputError
+
+            raise InputError("figure forecast-maps needs --truth (the verifying fields' store)")
+        figures.forecast_maps(args.inputs, args.truth, args.output, args.variables[0] if args.variables else None, args.lead_index)
+    elif kind == "memory-throughput":
+        figures.memory_throughput(args.inputs[0], args.output)
+    elif kind == "hsi-reconstruction":
+        figures.hsi_reconstruction(args.inputs, args.output)
+    elif kind == "classification":
+        figures.classification(args.inputs, args.output)
+
+
+def cmd_install_profile(args) -> None:
+    from .profiles import install
+
+    print(install(args.name, args.dest, args.force))
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dchag", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -295,6 +391,92 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--source", choices=["arco", "cds"], default="arco")
     sp.add_argument("--store", help="ARCO-ERA5 Zarr store (default: the public Google Cloud store)")
     sp.add_argument("--output", required=True, help="output netCDF file")
+    # -- evaluation
+    sp = add("era5-truth", cmd_era5_truth, "write a split's verifying fields in physical units (WeatherBench layout) for scoring")
+    sp.add_argument("--data", required=True, help="normalised split store (e.g. results/<name>/era5/test.zarr)")
+    sp.add_argument("--variables", nargs="+", required=True)
+    sp.add_argument("--output", required=True)
+
+    sp = add("forecast", cmd_forecast, "run a trained forecast model over a split: a WeatherBench-layout Zarr of forecasts")
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True)
+    sp.add_argument("--checkpoint", required=True, help="the run's final/ (or checkpoints/step_N) directory")
+    sp.add_argument("--data", required=True, help="normalised split store to initialise from")
+    sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
+    sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
+    sp.add_argument("--batch-size", type=int, default=32)
+    sp.add_argument("--output", required=True)
+
+    sp = add("baseline-forecast", cmd_baseline_forecast, "persistence or climatology forecasts in the same layout")
+    sp.add_argument("--kind", choices=["persistence", "climatology"], required=True)
+    sp.add_argument("--data", required=True, help="normalised split store")
+    sp.add_argument("--variables", nargs="+", required=True)
+    sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
+    sp.add_argument("--climatology", help="day-of-year climatology (needed for --kind climatology)")
+    sp.add_argument("--output", required=True)
+
+    sp = add("score", cmd_score, "latitude-weighted RMSE, MSE and ACC of a forecast file against a truth file")
+    sp.add_argument("--forecast", required=True, help="netCDF/Zarr: (time, [prediction_timedelta|lead_time,] lat, lon)")
+    sp.add_argument("--truth", required=True, help="netCDF/Zarr: (time, lat, lon)")
+    sp.add_argument("--climatology", help="netCDF/Zarr: (dayofyear[, hour], lat, lon); required for ACC under wb2")
+    sp.add_argument("--convention", choices=["wb2", "climax"], required=True)
+    sp.add_argument("--batch-size", type=int, help="climax ACC: samples per batch (default: all in one)")
+    sp.add_argument("--metrics", nargs="+", choices=["rmse", "mse", "acc"], help="default: all three")
+    sp.add_argument("--variables", nargs="+", help="default: every lat-lon variable of the forecast")
+    sp.add_argument("--lead-hours", type=float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)")
+    sp.add_argument("--regrid", choices=["bilinear", "conservative"], help="regrid the forecast onto the truth's grid")
+    sp.add_argument("--output", required=True, help="CSV: variable, lead_time_hours, metric, value, convention")
+
+    sp = add("compare-scores", cmd_compare_scores, "percent change of one run's scores against another's (the paper's table)")
+    sp.add_argument("--baseline", required=True)
+    sp.add_argument("--candidate", required=True)
+    sp.add_argument("--baseline-name", default="baseline")
+    sp.add_argument("--candidate-name", default="dchag")
+    sp.add_argument("--output", required=True)
+
+    sp = add("score-recon", cmd_score_recon, "reconstruction scores (RMSE, PSNR, SSIM, SAM, ERGAS) of two .npy cubes")
+    sp.add_argument("--truth", required=True, help=".npy cube")
+    sp.add_argument("--pred", required=True, help=".npy cube of the same shape")
+    sp.add_argument("--band-axis", type=int, default=-1)
+    sp.add_argument("--data-range", type=float, help="for PSNR and SSIM (default: the truth's max - min)")
+    sp.add_argument("--output", required=True, help="JSON")
+
+    sp = add("evaluate-mae", cmd_evaluate_mae, "reconstruction scores of a masked-autoencoder run on the test tiles")
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True)
+    sp.add_argument("--checkpoint", required=True)
+    sp.add_argument("--data-root")
+    sp.add_argument("--output", required=True, help="JSON: masked-patch and full-tile scores")
+    sp.add_argument("--samples", required=True, help=".npz of a few reconstructed tiles (for the figure)")
+
+    sp = add("evaluate-classify", cmd_evaluate_classify, "classification scores of a run on the test patches, and its class map")
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True)
+    sp.add_argument("--checkpoint", required=True)
+    sp.add_argument("--data-root")
+    sp.add_argument("--output", required=True, help="JSON: OA, AA, kappa, per class, confusion matrix")
+    sp.add_argument("--per-class", required=True, help="CSV: per-class table")
+    sp.add_argument("--map", required=True, help=".npz: truth, predicted and split maps (for the figure)")
+
+    sp = add("hsi-scores", cmd_hsi_scores, "one CSV of the hyperspectral scores of several runs")
+    sp.add_argument("files", nargs="+", help="evaluate-mae / evaluate-classify JSON files")
+    sp.add_argument("--output", required=True)
+
+    sp = add("install-profile", cmd_install_profile,
+             "copy a shipped Snakemake profile where `snakemake --profile NAME` finds it")
+    sp.add_argument("name", choices=["slurm"])
+    sp.add_argument("--dest", help="profiles folder (default: $XDG_CONFIG_HOME/snakemake, i.e. ~/.config/snakemake)")
+    sp.add_argument("--force", action="store_true", help="replace an installed profile of that name")
+
+    sp = add("figure", cmd_figure, "draw one of the paper's figures from result files (PNG, and PDF beside it)")
+    sp.add_argument("kind", choices=["loss-curves", "lead-time", "forecast-maps", "memory-throughput", "hsi-reconstruction",
+                                     "classification"])
+    sp.add_argument("inputs", nargs="+", help="log.csv files | score CSVs | forecast stores | model benchmark JSON | "
+                    "reconstruction .npz | classification map .npz")
+    sp.add_argument("--truth", help="forecast-maps: the truth store")
+    sp.add_argument("--variables", nargs="+", help="lead-time: variables to show; forecast-maps: the variable")
+    sp.add_argument("--lead-index", type=int, default=0, help="forecast-maps: which lead")
+    sp.add_argument("--output", required=True, help=".png")
     return p
 
 

@@ -31,7 +31,9 @@ def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr
         raise InputError(f"{what} not found: {path}")
     try:
         if is_zarr:
-            ds = xr.open_zarr(path, consolidated=None if "://" in path else _has_consolidated(Path(path)), chunks=None)
+            with warnings.catch_warnings():  # Snakemake's .snakemake_timestamp inside directory outputs
+                warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
+                ds = xr.open_zarr(path, consolidated=None if "://" in path else _has_consolidated(Path(path)), chunks=None)
         else:
             ds = xr.open_dataset(path, chunks=None, cache=False)
     except Exception as err:  # netCDF4/h5py/zarr raise many types for damaged files

@@ -23,10 +23,8 @@ LOGS = f"logs/{config['name']}"
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     _SRC = f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))}"
     DCHAG = f"{_SRC} python -m dchag"
-    TORCHRUN = f"{_SRC} torchrun"
 else:
     DCHAG = "dchag"
-    TORCHRUN = "torchrun"
 
 
 def config_arg(*sections):
@@ -163,6 +161,27 @@ def train_config_arg(wildcards):
     return config_arg(*sections)(wildcards)
 
 
+def train_resources():
+    """Slurm resources of a training job: nodes x processes (GPUs) per node from the config;
+    with several nodes, one task per node started by srun (mpi). Site values (partition,
+    account, a typed gres) belong in the profile."""
+    nodes = int(TRAIN.get("nodes", 1))
+    res = {"runtime": 240, "nodes": nodes, "tasks": nodes}
+    gpus = int(TRAIN.get("gpus_per_node", 0))
+    if gpus:
+        res["gres"] = f"gpu:{gpus}"
+    if nodes > 1:
+        res["mpi"] = "srun"
+    return res
+
+
+def train_launcher(wildcards, resources):
+    """`dchag` (one node) or `srun -n NODES --ntasks-per-node 1 dchag` (several Slurm nodes)."""
+    if getattr(resources, "nodes", 1) > 1:
+        return f"{resources.mpi} -n {resources.tasks} --ntasks-per-node 1 {DCHAG}"
+    return DCHAG
+
+
 def train_outputs():
     if not TRAIN_RUNS:
         return []
@@ -178,4 +197,107 @@ def all_outputs():
     if HSI:
         out += hsi_outputs()
     out += train_outputs()
+    out += eval_outputs()
+    out += figure_outputs()
     return out
+
+
+# -- evaluation and figures ----------------------------------------------------------------
+EVAL = {
+    "lead_hours": [168, 336, 720],
+    "conventions": ["wb2", "climax"],
+    "climax_batch_size": None,
+    "inference_batch_size": 32,
+    "map_variable": None,
+    "model_benchmark": "benchmarks/results/model.json",
+    "compare": {},
+    **config.get("evaluate", {}),
+}
+EVAL_DIR = f"{RESULTS}/eval"
+FIGURES = f"{RESULTS}/figures"
+BASELINE_FORECASTS = ("persistence", "climatology")
+
+
+def runs_of(task):
+    return [r for r, spec in TRAIN_RUNS.items() if spec["task"] == task]
+
+
+def run_strategy(run):
+    return (
+        TRAIN_RUNS[run]
+        .get("parallel", {})
+        .get("strategy", config.get("parallel", {}).get("strategy", "dchag"))
+    )
+
+
+FORECAST_RUNS = runs_of("forecast") if "era5" in config else []
+MAE_RUNS = runs_of("mae") if "mae" in HSI else []
+CLASSIFY_RUNS = runs_of("classify") if "classification" in HSI else []
+for _run in FORECAST_RUNS:
+    if _run in BASELINE_FORECASTS:
+        raise WorkflowError(
+            f"config key 'train.runs.{_run}': the name is taken by a reference forecast; rename the run"
+        )
+
+
+def forecast_outputs():
+    """The forecast variables (train.forecast.outputs, or the default five present)."""
+    from dchag.era5.source import channels_from_config
+    from dchag.model.build import DEFAULT_FORECAST_OUTPUTS
+
+    outputs = TRAIN.get("forecast", {}).get("outputs")
+    if outputs:
+        return list(outputs)
+    names = [c.name for c in channels_from_config(ERA5)]
+    return [n for n in DEFAULT_FORECAST_OUTPUTS if n in names]
+
+
+def comparisons():
+    """candidate forecast run -> baseline run, for the % change tables."""
+    if EVAL["compare"]:
+        return dict(EVAL["compare"])
+    baselines = [r for r in FORECAST_RUNS if run_strategy(r) == "baseline"]
+    if len(baselines) != 1:
+        return {}
+    return {r: baselines[0] for r in FORECAST_RUNS if r != baselines[0]}
+
+
+def model_benchmark():
+    path = Path(EVAL["model_benchmark"])
+    return str(
+        path if path.is_absolute() or path.exists() else Path(workflow.basedir) / path
+    )
+
+
+def eval_outputs():
+    out = []
+    if FORECAST_RUNS:
+        sources = [*FORECAST_RUNS, *BASELINE_FORECASTS]
+        out += expand(
+            f"{EVAL_DIR}/era5/scores_{{source}}_{{convention}}.csv",
+            source=sources,
+            convention=EVAL["conventions"],
+        )
+        out += [
+            f"{EVAL_DIR}/era5/comparison_{cand}_{conv}.csv"
+            for cand in comparisons()
+            for conv in EVAL["conventions"]
+        ]
+    if MAE_RUNS or CLASSIFY_RUNS:
+        out.append(f"{EVAL_DIR}/hsi/scores.csv")
+    return out
+
+
+def figure_outputs():
+    figs = []
+    if TRAIN_RUNS:
+        figs.append("loss_curves")
+    if FORECAST_RUNS:
+        figs += [f"lead_time_{conv}" for conv in EVAL["conventions"]]
+        figs.append("forecast_maps")
+    figs.append("memory_throughput")
+    if MAE_RUNS:
+        figs.append("hsi_reconstruction")
+    if CLASSIFY_RUNS:
+        figs.append("classification")
+    return [f"{FIGURES}/{name}.png" for name in figs]

@@ -19,6 +19,7 @@ import io
 import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -178,3 +179,56 @@ def latest(directory: str | Path) -> Path | None:
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded parameters by canonical name (DTensors gathered) — for comparisons and export."""
     return {canonical(n): (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}
+
+
+_BLOCK = re.compile(r"model\.tokenizer\[(\d+):(\d+)\]\.(.+)")
+_PER_CHANNEL = ("weight", "bias", "channel_embed")  # tokenizer parameters with a leading channel axis
+
+
+def load_weights(model: nn.Module, directory: str | Path) -> None:
+    """Load a training checkpoint's model weights into a one-device model (no process group).
+
+    Tensor-parallel and FSDP parameters are read whole; D-CHAG's per-rank tokenizer blocks
+    (``tokenizer[lo:hi].*``) are put back side by side, which gives the one-device
+    hierarchical model that D-CHAG parallelizes (groups = TP size) its exact weights.
+    """
+    directory = Path(directory)
+    if not (directory / ".metadata").exists():
+        raise CheckpointError(f"{directory} is not a complete checkpoint (no .metadata)")
+    meta = SafeReader(str(directory)).read_metadata()
+    saved = {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
+    blocks: dict[str, list[tuple[int, int, str]]] = {}
+    for key in saved:
+        m = _BLOCK.fullmatch(key)
+        if m:
+            blocks.setdefault(m.group(3), []).append((int(m.group(1)), int(m.group(2)), key))
+    wanted: dict[str, torch.Tensor] = {}
+    plan: dict[str, list[str]] = {}
+    problems = []
+    for name, p in model.named_parameters():
+        key = f"model.{canonical(name)}"
+        if key in saved:
+            plan[name] = [key]
+        elif name.startswith("tokenizer.") and name.removeprefix("tokenizer.") in blocks:
+            parts = sorted(blocks[name.removeprefix("tokenizer.")])
+            per_channel = name.removeprefix("tokenizer.") in _PER_CHANNEL
+            plan[name] = [k for _, _, k in parts] if per_channel else [parts[0][2]]
+            if per_channel and (parts[0][0] != 0 or parts[-1][1] != p.shape[0]
+                                or any(a[1] != b[0] for a, b in zip(parts, parts[1:]))):
+                problems.append(f"{name}: channel blocks {[(lo, hi) for lo, hi, _ in parts]} do not cover 0..{p.shape[0]}")
+        else:
+            problems.append(f"{name}: not in the checkpoint")
+            continue
+        for k in plan[name]:
+            wanted[k] = torch.empty(saved[k], dtype=p.dtype)
+    if problems:
+        raise CheckpointError(f"checkpoint {directory} does not fit this model: " + "; ".join(problems[:8]))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load(wanted, storage_reader=SafeReader(str(directory)), planner=_TensorsOnlyPlanner(), no_dist=True)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            value = torch.cat([wanted[k] for k in plan[name]]) if len(plan[name]) > 1 else wanted[plan[name][0]]
+            if tuple(value.shape) != tuple(p.shape):
+                raise CheckpointError(f"checkpoint {directory}: {name} has shape {tuple(value.shape)}, the model {tuple(p.shape)}")
+            p.copy_(value)

@@ -117,7 +117,7 @@ class Task:
 
     def dataset(self, split: str, rank_channels: list[int], seed: int):
         if self.name == "forecast":
-            lead = tuple(self.train_cfg.get("forecast", {}).get("lead_hours", [24, 168]))
+            lead = tuple(self.train_cfg.get("forecast", {}).get("lead_hours", [24, 720]))
             return ForecastDataset(self.store[split], self.channels, rank_channels, self.outputs, lead, seed)
         return SampleDataset(self.store[split], split, self.var, rank_channels, self.model_cfg.in_channels)
 

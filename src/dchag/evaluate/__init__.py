@@ -1,0 +1,1 @@
+"""Scoring forecasts and reconstructions: metrics, file handling, model evaluation."""

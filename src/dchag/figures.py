@@ -1,0 +1,290 @@
+"""The paper's figures, from result files; each function writes one figure as PNG and PDF.
+
+Every function takes result files (never a model), so `snakemake figures` redraws them all
+from existing results without training anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .store import InputError, atomic_path
+
+COLORS = {"baseline": "#1f77b4", "dchag": "#d62728", "persistence": "#7f7f7f", "climatology": "#2ca02c"}
+
+
+def _color(name: str, i: int) -> str:
+    for key, c in COLORS.items():
+        if key in name:
+            return c
+    return f"C{i + 3}"
+
+
+def _save(fig, output: str | Path) -> Path:
+    """``output`` (.png) and the same name with .pdf, each written atomically."""
+    output = Path(output)
+    if output.suffix != ".png":
+        raise InputError(f"figure output must end in .png (a .pdf is written beside it): {output}")
+    for path in (output, output.with_suffix(".pdf")):
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=path.suffix[1:], dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return output
+
+
+def _read_csv(path: str | Path, what: str) -> pd.DataFrame:
+    if not Path(path).exists():
+        raise InputError(f"{what} not found: {path}")
+    return pd.read_csv(path)
+
+
+def _run_name(path: str | Path) -> str:
+    """results/<name>/train/<run>/log.csv -> <run>; other files: the stem after the last '_'."""
+    p = Path(path)
+    return p.parent.name if p.name == "log.csv" else p.stem.split("_", 1)[-1].removesuffix("_map")
+
+
+# -- training --------------------------------------------------------------------------------
+def loss_curves(logs: list[str], output: str) -> Path:
+    """Training loss (line) and validation loss (markers) per step, one panel per task, baseline
+    and D-CHAG together: the paper's accuracy-parity figures."""
+    runs = {_run_name(p): _read_csv(p, "training log") for p in logs}
+    tasks = sorted({name.split("-")[0] for name in runs})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for i, (name, df) in enumerate((n, d) for n, d in runs.items() if n.split("-")[0] == task):
+            c = _color(name, i)
+            ax.plot(df["step"], df["loss"], color=c, lw=1.2, alpha=0.85, label=f"{name} (train)")
+            val = df.dropna(subset=["val_loss"]) if "val_loss" in df else df.iloc[:0]
+            if len(val):
+                ax.plot(val["step"], val["val_loss"], "o--", color=c, ms=5, lw=0.8, label=f"{name} (val)")
+        ax.set(title=task, xlabel="step", ylabel="loss")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle("Training loss: baseline vs D-CHAG")
+    return _save(fig, output)
+
+
+# -- weather ---------------------------------------------------------------------------------
+def lead_time_scores(scores: list[str], output: str, variables: list[str] | None = None) -> Path:
+    """RMSE and ACC against lead time per variable, one line per forecast (model runs,
+    persistence, climatology). Score files are `dchag score` outputs named scores_<source>.csv
+    or scores_<source>_<convention>.csv."""
+    frames = []
+    for path in scores:
+        df = _read_csv(path, "score file")
+        stem = Path(path).stem.removeprefix("scores_")
+        conv = str(df["convention"].iloc[0]) if len(df) else ""
+        df["source"] = stem.removesuffix(f"_{conv}") if conv else stem
+        frames.append(df)
+    df = pd.concat(frames)
+    variables = variables or list(dict.fromkeys(df["variable"]))
+    metrics = [m for m in ("rmse", "acc") if m in set(df["metric"])]
+    fig, axes = plt.subplots(len(metrics), len(variables), figsize=(3.2 * len(variables), 2.8 * len(metrics)), squeeze=False)
+    for i, metric in enumerate(metrics):
+        for j, var in enumerate(variables):
+            ax = axes[i][j]
+            for k, (source, part) in enumerate(df[(df.metric == metric) & (df.variable == var)].groupby("source", sort=False)):
+                part = part.sort_values("lead_time_hours")
+                if part["value"].notna().any():
+                    ax.plot(part["lead_time_hours"] / 24, part["value"], "o-", color=_color(source, k), label=source)
+            ax.set(title=var if i == 0 else None, xlabel="lead time (days)" if i == len(metrics) - 1 else None,
+                   ylabel=f"{'wACC' if metric == 'acc' else 'RMSE'}" if j == 0 else None)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    conv = ", ".join(sorted(set(df["convention"])))
+    fig.suptitle(f"Latitude-weighted scores vs lead time ({conv} convention)")
+    fig.tight_layout()
+    return _save(fig, output)
+
+
+def forecast_maps(forecasts: list[str], truth: str, output: str, variable: str | None = None, lead_index: int = 0,
+                  time_index: int = 0) -> Path:
+    """One initialisation: the truth, each forecast and its error, for one variable and lead."""
+    from .evaluate.score import open_fields
+
+    t = open_fields(truth, "truth")
+    rows = []
+    var = variable
+    for path in forecasts:
+        f = open_fields(path, "forecast")
+        var = var or next(iter(f.data_vars))
+        lead = f["prediction_timedelta"].values[lead_index]
+        init = f.time.values[time_index]
+        fc = f[var].sel(time=init, prediction_timedelta=lead)
+        rows.append((_run_name(path), fc, t[var].sel(time=init + lead)))
+    if not rows:
+        raise InputError("forecast maps need at least one forecast file")
+    fig, axes = plt.subplots(len(rows), 3, figsize=(12, 2.6 * len(rows)), squeeze=False)
+    lo = min(float(min(r[1].min(), r[2].min())) for r in rows)
+    hi = max(float(max(r[1].max(), r[2].max())) for r in rows)
+    err = max(float(abs(r[1] - r[2]).max()) for r in rows)
+    for ax_row, (name, fc, tr) in zip(axes, rows):
+        extent = [float(fc.lon.min()), float(fc.lon.max()), float(fc.lat.min()), float(fc.lat.max())]
+        for ax, data, title, kw in (
+            (ax_row[0], tr, "truth", dict(cmap="viridis", vmin=lo, vmax=hi)),
+            (ax_row[1], fc, f"forecast: {name}", dict(cmap="viridis", vmin=lo, vmax=hi)),
+            (ax_row[2], fc - tr, "forecast - truth", dict(cmap="RdBu_r", vmin=-err, vmax=err)),
+        ):
+            im = ax.imshow(data.values, origin="lower", extent=extent, aspect="auto", **kw)
+            ax.set(title=title, xlabel="longitude", ylabel="latitude")
+            fig.colorbar(im, ax=ax, shrink=0.85)
+    lead_days = rows[0][1].prediction_timedelta.values / np.timedelta64(1, "D")
+    fig.suptitle(f"{var}: initialised {str(rows[0][1].time.values)[:13]}, lead {lead_days:g} days")
+    fig.tight_layout()
+    return _save(fig, output)
+
+
+# -- the model benchmark ----------------------------------------------------------------------
+def memory_throughput(benchmark: str, output: str) -> Path:
+    """Per-rank peak memory and samples/s per rank against channels, one panel per TP size, for
+    the baseline and D-CHAG-L/-C (Tree0) — the paper's memory and throughput figures, from
+    benchmarks/model_benchmark.py's JSON."""
+    if not Path(benchmark).exists():
+        raise InputError(f"model benchmark results not found: {benchmark} (run benchmarks/model_benchmark.py)")
+    data = json.loads(Path(benchmark).read_text())
+    rows = pd.DataFrame([
+        {"variant": r["variant"], "channels": r["channels"], "tp": r["tp"], "memory": r["model"]["max_rank_total"],
+         "throughput": data["meta"]["model"]["batch"] / r["model"]["step_seconds"]}
+        for r in data["rows"]
+    ])
+    variants = [v for v in ("baseline", "D-CHAG-L Tree0", "D-CHAG-C Tree0") if v in set(rows.variant)]
+    tps = sorted(rows.tp.unique())
+    fig, axes = plt.subplots(2, len(tps), figsize=(3.6 * len(tps), 6), squeeze=False, sharex=True)
+    for j, tp in enumerate(tps):
+        for k, v in enumerate(variants):
+            part = rows[(rows.tp == tp) & (rows.variant == v)].sort_values("channels")
+            c = COLORS["baseline"] if v == "baseline" else ("#d62728" if "-L" in v else "#ff7f0e")
+            axes[0][j].plot(part.channels, part.memory, "o-", color=c, label=v)
+            axes[1][j].plot(part.channels, part.throughput, "o-", color=c, label=v)
+        axes[0][j].set(title=f"TP = {tp}", ylabel="peak memory per rank (MiB)" if j == 0 else None)
+        axes[1][j].set(xlabel="channels", ylabel="samples/s per rank" if j == 0 else None)
+        for ax in axes[:, j]:
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    meta = data["meta"]
+    fig.suptitle(f"Memory and throughput vs channels ({meta.get('machine', '')}, width {meta['model']['width']}, "
+                 f"depth {meta['model']['depth']})", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, output)
+
+
+# -- hyperspectral ---------------------------------------------------------------------------
+def _rgb_bands(wavelength: np.ndarray, bands: int) -> list[int]:
+    """Bands nearest 650/550/450 nm, or evenly spaced ones without wavelengths."""
+    if np.all(np.isfinite(wavelength)):
+        return [int(np.argmin(np.abs(wavelength - w))) for w in (650, 550, 450)]
+    return [int(bands * q) for q in (0.75, 0.5, 0.25)]
+
+
+def _stretch(cube: np.ndarray, idx: list[int], reference: np.ndarray) -> np.ndarray:
+    """(bands, H, W) -> (H, W, 3) false colour, stretched to the 2-98 percentiles of
+    ``reference`` (the truth), so reconstructions are shown in the truth's colours."""
+    rgb = np.stack([cube[i] for i in idx], axis=-1).astype(np.float64)
+    ref = np.stack([reference[i] for i in idx], axis=-1).astype(np.float64)
+    lo, hi = np.percentile(ref, 2, axis=(0, 1)), np.percentile(ref, 98, axis=(0, 1))
+    return np.clip((rgb - lo) / np.where(hi > lo, hi - lo, 1), 0, 1)
+
+
+def hsi_reconstruction(samples: list[str], output: str, tile: int = 0) -> Path:
+    """For one held-out tile: the true false-colour image, the masked input, each run's
+    reconstruction, and spectra at three sample pixels (true vs reconstructed)."""
+    runs = {}
+    for path in samples:
+        if not Path(path).exists():
+            raise InputError(f"reconstruction samples not found: {path}")
+        with np.load(path) as z:
+            runs[_run_name(path)] = {k: z[k] for k in z.files}
+    first = next(iter(runs.values()))
+    truth, mask, wl = first["truth"][tile], first["mask"][tile], first["wavelength"]
+    idx = _rgb_bands(wl, truth.shape[0])
+    rgb = _stretch(truth, idx, truth)
+    h, w = truth.shape[1:]
+    pixels = [(h // 4, w // 4), (h // 2, w // 2), (3 * h // 4, 3 * w // 4)]
+    ncol = 2 + len(runs)
+    fig = plt.figure(figsize=(3.2 * ncol, 6.4))
+    ax = fig.add_subplot(2, ncol, 1)
+    ax.imshow(rgb)
+    for k, (r, c) in enumerate(pixels):
+        ax.plot(c, r, "x", color="w", ms=8, mew=2)
+        ax.annotate(str(k + 1), (c, r), color="w", xytext=(3, 3), textcoords="offset points")
+    ax.set(title="truth (false colour)")
+    ax = fig.add_subplot(2, ncol, 2)
+    ax.imshow(np.where(mask[..., None], 0.15, rgb))
+    ax.set(title="visible patches")
+    for j, (name, d) in enumerate(runs.items()):
+        ax = fig.add_subplot(2, ncol, 3 + j)
+        ax.imshow(_stretch(d["pred"][tile], idx, truth))
+        ax.set(title=f"reconstruction: {name}")
+    for a in fig.axes:
+        a.set_xticks([])
+        a.set_yticks([])
+    x = wl if np.all(np.isfinite(wl)) else np.arange(truth.shape[0])
+    for k, (r, c) in enumerate(pixels):
+        ax = fig.add_subplot(2, 3, 4 + k)
+        ax.plot(x, truth[:, r, c], "k-", lw=1.5, label="truth")
+        for j, (name, d) in enumerate(runs.items()):
+            ax.plot(x, d["pred"][tile][:, r, c], "--", color=_color(name, j), lw=1.1, label=name)
+        ax.set(title=f"pixel {k + 1} ({'masked' if mask[r, c] else 'visible'})",
+               xlabel="wavelength (nm)" if np.all(np.isfinite(wl)) else "band")
+        ax.grid(alpha=0.3)
+    fig.axes[-3].legend(fontsize=7)
+    fig.suptitle("Masked-autoencoder reconstruction of a held-out tile")
+    fig.tight_layout()
+    return _save(fig, output)
+
+
+def classification(maps: list[str], output: str) -> Path:
+    """Ground truth, each run's predicted class map (every labelled pixel) and its test-set
+    confusion matrix (row-normalised)."""
+    runs = {}
+    for path in maps:
+        if not Path(path).exists():
+            raise InputError(f"classification map not found: {path}")
+        with np.load(path) as z:
+            runs[_run_name(path)] = {k: z[k] for k in z.files}
+    first = next(iter(runs.values()))
+    names = [str(n) for n in first["class_names"]]
+    k = len(names)
+    cmap = plt.get_cmap("tab20", k + 1).copy()
+    cmap.set_bad("white")  # unlabelled pixels
+    n = len(runs)
+    fig, axes = plt.subplots(2, n + 1, figsize=(3.6 * (n + 1), 7), squeeze=False)
+    axes[0][0].imshow(np.ma.masked_equal(first["truth"], 0), cmap=cmap, vmin=-0.5, vmax=k + 0.5, interpolation="nearest")
+    axes[0][0].set(title="ground truth")
+    split_colours = ["white", "#66c2a5", "#fc8d62", "#8da0cb"]  # unlabelled, train, val, test
+    axes[1][0].imshow(first["split"] + 1, cmap=matplotlib.colors.ListedColormap(split_colours), vmin=-0.5, vmax=3.5,
+                      interpolation="nearest")
+    axes[1][0].legend([plt.Rectangle((0, 0), 1, 1, color=c) for c in split_colours[1:]], ["train", "val", "test"],
+                      fontsize=7, loc="upper right")
+    axes[1][0].set(title="split of the labelled pixels")
+    for j, (name, d) in enumerate(runs.items()):
+        axes[0][j + 1].imshow(np.ma.masked_equal(d["pred"], 0), cmap=cmap, vmin=-0.5, vmax=k + 0.5, interpolation="nearest")
+        axes[0][j + 1].set(title=f"predicted: {name}")
+        cm = d["confusion"].astype(np.float64)
+        norm = cm / np.maximum(cm.sum(axis=1, keepdims=True), 1)
+        ax = axes[1][j + 1]
+        ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+        for (r, c), v in np.ndenumerate(cm):
+            ax.text(c, r, f"{int(v)}", ha="center", va="center", fontsize=7, color="w" if norm[r, c] > 0.5 else "k")
+        ax.set(title=f"test confusion: {name}", xlabel="predicted", ylabel="true", xticks=range(k), yticks=range(k))
+        ax.set_xticklabels(names, rotation=45, ha="right", fontsize=7)
+        ax.set_yticklabels(names, fontsize=7)
+    for ax in (axes[0][0], axes[1][0], *axes[0][1:]):
+        ax.set_xticks([])
+        ax.set_yticks([])
+    handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(i + 1)) for i in range(k)]
+    fig.legend(handles, names, loc="lower center", ncol=min(k, 6), fontsize=8)
+    fig.suptitle("Hyperspectral classification")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return _save(fig, output)

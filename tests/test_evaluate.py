@@ -1,0 +1,282 @@
+"""Evaluation: weather scores under both conventions, `dchag score` on real files, the
+hyperspectral reconstruction and classification scores, and the one-device export of a
+parallel checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import xarray as xr
+
+from dchag.cli import main
+from dchag.evaluate import classification, recon, weather
+from dchag.evaluate.score import score_files
+
+from distributed import run_distributed
+import parallel_checks
+
+
+# -- weather metrics, by hand ---------------------------------------------------------------
+def test_rmse_conventions_differ_as_defined():
+    # Two times on a 2x2 grid at latitudes +-60: cos = 0.5 at both, so every weight is 1.
+    lat = np.array([-60.0, 60.0])
+    w = weather.lat_weights(lat)
+    assert np.allclose(w, 1.0)
+    truth = np.zeros((2, 2, 2))
+    fc = np.stack([np.full((2, 2), 1.0), np.full((2, 2), 2.0)])  # spatial MSE 1 and 4
+    assert weather.mse(fc, truth, w) == pytest.approx(2.5)
+    assert weather.rmse(fc, truth, w, "wb2") == pytest.approx(math.sqrt(2.5))  # 1.5811
+    assert weather.rmse(fc, truth, w, "climax") == pytest.approx(1.5)  # (1 + 2) / 2
+
+
+def test_latitude_weights_by_hand():
+    lat = np.array([0.0, 60.0])  # cos 1 and 0.5, mean 0.75
+    w = weather.lat_weights(lat)
+    assert w.ravel() == pytest.approx([4 / 3, 2 / 3])
+    truth = np.zeros((1, 2, 1))
+    fc = np.array([[[3.0], [0.0]]])  # error only at the equator: (4/3 * 9 + 0) / 2 = 6
+    assert weather.mse(fc, truth, w) == pytest.approx(6.0)
+
+
+def test_acc_by_hand_and_the_conventions_differ():
+    lat = np.array([-60.0, 60.0])
+    w = weather.lat_weights(lat)
+    clim = np.zeros((2, 2))
+    # time 0: forecast anomaly (1, 0, 0, 1), truth (1, 0, 0, 0) -> uncentred corr 1/sqrt(2*1)
+    # time 1: identical anomalies (2, 1, 0, 1) -> 1
+    f = np.array([[[1, 0], [0, 1]], [[2, 1], [0, 1]]], float)
+    t = np.array([[[1, 0], [0, 0]], [[2, 1], [0, 1]]], float)
+    wb2 = weather.acc_wb2(f, t, np.broadcast_to(clim, f.shape), w)
+    assert wb2 == pytest.approx((1 / math.sqrt(2) + 1) / 2)
+    # ClimaX: centre by the batch mean over all values, one pooled correlation.
+    fa, ta = f - f.mean(), t - t.mean()
+    expected = (fa * ta).sum() / math.sqrt((fa**2).sum() * (ta**2).sum())
+    assert weather.acc_climax(f, t, clim, w) == pytest.approx(expected)
+    assert abs(expected - wb2) > 0.01
+    # With batches of one sample: the mean of the per-batch pooled values (size-weighted).
+    per = []
+    for i in range(2):
+        a, b = f[i] - f[i].mean(), t[i] - t[i].mean()
+        per.append((a * b).sum() / math.sqrt((a**2).sum() * (b**2).sum()))
+    assert weather.acc_climax(f, t, clim, w, batch_size=1) == pytest.approx(np.mean(per))
+
+
+# -- dchag score on files -------------------------------------------------------------------
+LAT = np.arange(-90 + 5.625 / 2, 90, 5.625)
+LON = np.arange(0, 360, 5.625)
+
+
+def _truth(times):
+    rng = np.random.default_rng(0)
+    doy = pd.DatetimeIndex(times).day_of_year.values
+    season = 10 * np.sin(2 * np.pi * doy / 365.25)[:, None, None]
+    field = 280 + season + 5 * np.cos(np.deg2rad(LAT))[None, :, None] + rng.normal(0, 1, (len(times), LAT.size, LON.size))
+    return xr.Dataset({"t2m": (("time", "lat", "lon"), field), "z500": (("time", "lat", "lon"), field * 20)},
+                      coords={"time": times, "lat": LAT, "lon": LON})
+
+
+@pytest.fixture
+def files(tmp_path):
+    times = pd.date_range("2019-01-01", periods=40, freq="D")
+    truth = _truth(times)
+    truth.to_netcdf(tmp_path / "truth.nc")
+    rng = np.random.default_rng(1)
+    init = times[:30]
+    leads = np.array([24, 72])
+    fc = np.stack([truth.t2m.sel(time=init + pd.Timedelta(hours=int(h))).values + rng.normal(0, 0.5 + h / 100, (30, LAT.size, LON.size))
+                   for h in leads], axis=1)
+    # WeatherBench-style names, descending latitude, numeric lead times in hours.
+    fds = xr.Dataset({"t2m": (("time", "lead_time", "latitude", "longitude"), fc[:, :, ::-1])},
+                     coords={"time": init, "lead_time": ("lead_time", leads, {"units": "hours"}),
+                             "latitude": LAT[::-1], "longitude": LON})
+    fds.to_netcdf(tmp_path / "forecast.nc")
+    doy = np.arange(1, 367)
+    clim = 280 + 10 * np.sin(2 * np.pi * doy / 365.25)[:, None, None] + 5 * np.cos(np.deg2rad(LAT))[None, :, None] + 0 * LON
+    xr.Dataset({"t2m": (("dayofyear", "latitude", "longitude"), clim)},
+               coords={"dayofyear": doy, "latitude": LAT, "longitude": LON}).to_zarr(tmp_path / "clim.zarr", zarr_format=3, consolidated=False)
+    return tmp_path, truth, fc, init, leads, clim
+
+
+def _reference(truth, fc, init, leads, clim, convention):
+    """The definitions, written out with explicit loops (independent of dchag.evaluate.weather)."""
+    w = np.cos(np.deg2rad(LAT))
+    w = w / w.mean()
+    out = {}
+    for j, h in enumerate(leads):
+        mses, accs = [], []
+        valid = init + pd.Timedelta(hours=int(h))
+        for i, v in enumerate(valid):
+            f = fc[i, j]
+            t = truth.t2m.sel(time=v).values
+            mses.append(np.mean(w[:, None] * (f - t) ** 2))
+            c = clim[v.day_of_year - 1]
+            fa, ta = f - c, t - c
+            accs.append(np.mean(w[:, None] * fa * ta) / np.sqrt(np.mean(w[:, None] * fa**2) * np.mean(w[:, None] * ta**2)))
+        mses = np.array(mses)
+        rmse = np.sqrt(mses.mean()) if convention == "wb2" else np.sqrt(mses).mean()
+        out[(h, "rmse")], out[(h, "mse")], out[(h, "acc")] = rmse, mses.mean(), np.mean(accs)
+    return out
+
+
+def test_score_files_wb2_matches_the_definition(files):
+    root, truth, fc, init, leads, clim = files
+    df = score_files(str(root / "forecast.nc"), str(root / "truth.nc"), str(root / "clim.zarr"), "wb2")
+    ref = _reference(truth, fc, init, leads, clim, "wb2")
+    assert set(df.columns) == {"variable", "lead_time_hours", "metric", "value", "convention"}
+    assert (df.convention == "wb2").all() and set(df.variable) == {"t2m"}
+    for _, row in df.iterrows():
+        assert row.value == pytest.approx(ref[(int(row.lead_time_hours), row.metric)], rel=1e-9)
+    # Error grows with lead: RMSE at 72 h above 24 h.
+    r = df[df.metric == "rmse"].set_index("lead_time_hours").value
+    assert r[72.0] > r[24.0]
+
+
+def test_score_cli_climax_differs_from_wb2_and_depends_on_batch_size(files, tmp_path):
+    root, truth, fc, init, leads, clim = files
+    out = {}
+    for conv, extra in (("wb2", ["--climatology", str(root / "clim.zarr")]), ("climax", []), ("climax5", ["--batch-size", "5"])):
+        path = tmp_path / f"{conv}.csv"
+        assert main(["score", "--forecast", str(root / "forecast.nc"), "--truth", str(root / "truth.nc"), *extra,
+                     "--convention", conv[:6], "--output", str(path)]) == 0
+        out[conv] = pd.read_csv(path).set_index(["lead_time_hours", "metric"]).value
+    assert out["climax"][(24, "mse")] == pytest.approx(out["wb2"][(24, "mse")])
+    assert out["climax"][(24, "rmse")] < out["wb2"][(24, "rmse")]  # mean of roots <= root of mean
+    # ClimaX ACC: anomalies against the scored period's time mean, batch-centred and pooled.
+    w = weather.lat_weights(LAT)
+    valid = init + pd.Timedelta(hours=24)
+    scored = sorted(set(init + pd.Timedelta(hours=24)) | set(init + pd.Timedelta(hours=72)))
+    tm = truth.t2m.sel(time=scored).mean("time").values
+    f, t = fc[:, 0] - tm, truth.t2m.sel(time=valid).values - tm
+    f, t = f - f.mean(), t - t.mean()
+    expected = (w * f * t).sum() / np.sqrt((w * f**2).sum() * (w * t**2).sum())
+    assert out["climax"][(24, "acc")] == pytest.approx(expected, rel=1e-9)
+    assert out["climax5"][(24, "acc")] != pytest.approx(out["climax"][(24, "acc")], rel=1e-6)
+    assert abs(out["climax"][(24, "acc")] - out["wb2"][(24, "acc")]) > 1e-3
+
+
+def test_score_errors_name_what_is_wrong(files, tmp_path, capsys):
+    root, truth, *_ = files
+    fc, tr, cl = str(root / "forecast.nc"), str(root / "truth.nc"), str(root / "clim.zarr")
+    out = str(tmp_path / "s.csv")
+
+    def run(*args):
+        code = main(["score", *args, "--output", out])
+        return code, capsys.readouterr().err
+
+    code, err = run("--forecast", fc, "--truth", tr, "--convention", "wb2")
+    assert code == 2 and "climatology" in err
+    coarse = truth.isel(lat=slice(None, None, 2), lon=slice(None, None, 2))
+    coarse.to_netcdf(root / "coarse.nc")
+    code, err = run("--forecast", fc, "--truth", str(root / "coarse.nc"), "--climatology", cl, "--convention", "wb2")
+    assert code == 2 and "forecast.nc" in err and "coarse.nc" in err and "--regrid" in err
+    late = truth.assign_coords(time=truth.time + np.timedelta64(800, "D"))
+    late.to_netcdf(root / "late.nc")
+    code, err = run("--forecast", fc, "--truth", str(root / "late.nc"), "--metrics", "rmse", "--convention", "wb2")
+    assert code == 2 and "no overlapping valid times" in err
+    code, err = run("--forecast", fc, "--truth", tr, "--variables", "z500", "--metrics", "rmse", "--convention", "wb2")
+    assert code == 2 and "'z500'" in err and "forecast.nc" in err
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_score_regrids_the_forecast_when_asked(files, tmp_path):
+    root, truth, *_ = files
+    # A 2.8125 deg forecast equal to a smooth field; the truth is that field at 5.625 deg.
+    lat2 = np.arange(-90 + 2.8125 / 2, 90, 2.8125)
+    lon2 = np.arange(0, 360, 2.8125)
+    times = truth.time.values[:5]
+
+    def field(la, lo):
+        return 280 + 10 * np.cos(np.deg2rad(la))[:, None] + np.sin(np.deg2rad(lo))[None, :]
+
+    xr.Dataset({"t2m": (("time", "lat", "lon"), np.repeat(field(lat2, lon2)[None], 5, 0))},
+               coords={"time": times, "lat": lat2, "lon": lon2, "prediction_timedelta": np.timedelta64(0, "h")}
+               ).to_netcdf(root / "fine.nc")
+    xr.Dataset({"t2m": (("time", "lat", "lon"), np.repeat(field(LAT, LON)[None], 5, 0))},
+               coords={"time": times, "lat": LAT, "lon": LON}).to_netcdf(root / "smooth.nc")
+    df = score_files(str(root / "fine.nc"), str(root / "smooth.nc"), convention="wb2", metrics=["rmse"], regrid="bilinear")
+    assert df.value.iloc[0] < 0.05  # bilinear of a smooth field: small interpolation error only
+
+
+# -- hyperspectral reconstruction -----------------------------------------------------------
+def test_reconstruction_scores_match_scikit_image_and_definitions():
+    skm = pytest.importorskip("skimage.metrics")
+    rng = np.random.default_rng(3)
+    truth = rng.uniform(100, 3000, (19, 23, 9))
+    truth[0, 0] = 0.0  # a zero spectrum: left out of SAM
+    pred = truth * rng.uniform(0.9, 1.1, truth.shape) + rng.normal(0, 30, truth.shape)
+    pred[0, 0] = 0.0
+    r = recon.scores(truth, pred, band_axis=-1, data_range=3000.0)
+    ssim = np.mean([skm.structural_similarity(truth[..., b], pred[..., b], data_range=3000.0, gaussian_weights=True,
+                                              sigma=1.5, use_sample_covariance=False) for b in range(9)])
+    assert r["ssim"] == pytest.approx(ssim, rel=1e-10)
+    assert r["psnr"] == pytest.approx(skm.peak_signal_noise_ratio(truth, pred, data_range=3000.0), rel=1e-10)
+    assert r["psnr_band_mean"] == pytest.approx(
+        np.mean([skm.peak_signal_noise_ratio(truth[..., b], pred[..., b], data_range=3000.0) for b in range(9)]), rel=1e-10)
+    assert r["rmse"] == pytest.approx(np.sqrt(np.mean((truth - pred) ** 2)))
+    t, p = truth.reshape(-1, 9)[1:], pred.reshape(-1, 9)[1:]
+    angles = np.arccos(np.clip((t * p).sum(1) / np.linalg.norm(t, axis=1) / np.linalg.norm(p, axis=1), -1, 1))
+    assert r["sam"] == pytest.approx(angles.mean()) and r["sam_pixels_left_out"] == 1
+    band_rmse = np.sqrt(((truth - pred) ** 2).mean(axis=(0, 1)))
+    assert r["ergas"] == pytest.approx(100 * np.sqrt(np.mean((band_rmse / truth.mean(axis=(0, 1))) ** 2)))
+
+
+def test_reconstruction_scores_on_a_mask():
+    rng = np.random.default_rng(4)
+    truth = rng.uniform(1, 2, (2, 5, 16, 16))  # tiles, bands, rows, cols
+    pred = truth.copy()
+    mask = np.zeros((2, 16, 16), bool)
+    mask[:, :8] = True
+    pred[:, :, :8] += 0.5  # errors only where masked
+    full = recon.scores(truth, pred, band_axis=1, data_range=1.0)
+    masked = recon.scores(truth, pred, band_axis=1, data_range=1.0, mask=mask)
+    assert masked["rmse"] == pytest.approx(0.5) and full["rmse"] == pytest.approx(0.5 / math.sqrt(2))
+    assert masked["psnr"] == pytest.approx(10 * math.log10(1 / 0.25))
+
+
+def test_score_recon_cli(tmp_path):
+    rng = np.random.default_rng(5)
+    t = rng.uniform(0, 1, (12, 14, 6)).astype(np.float32)
+    np.save(tmp_path / "t.npy", t)
+    np.save(tmp_path / "p.npy", t + 0.01)
+    assert main(["score-recon", "--truth", str(tmp_path / "t.npy"), "--pred", str(tmp_path / "p.npy"), "--data-range", "1",
+                 "--output", str(tmp_path / "s.json")]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert set(recon.KEYS) <= set(s) and s["data_range"] == 1.0
+    assert s["psnr"] == pytest.approx(40.0, abs=1e-3)
+    np.save(tmp_path / "q.npy", t[:, :, :5])
+    assert main(["score-recon", "--truth", str(tmp_path / "t.npy"), "--pred", str(tmp_path / "q.npy"),
+                 "--output", str(tmp_path / "x.json")]) == 2
+
+
+# -- classification ---------------------------------------------------------------------------
+def test_classification_scores_by_hand_and_against_scikit_learn():
+    from sklearn.metrics import cohen_kappa_score
+
+    truth = np.array([0, 0, 0, 0, 1, 1, 2, 2, 2, 2])
+    pred = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 0])
+    s = classification.scores(truth, pred, ["a", "b", "c"])
+    assert s["confusion_matrix"] == [[3, 1, 0], [0, 1, 1], [1, 0, 3]]
+    assert s["overall_accuracy"] == pytest.approx(0.7)
+    assert s["average_accuracy"] == pytest.approx((3 / 4 + 1 / 2 + 3 / 4) / 3)
+    assert s["kappa"] == pytest.approx(cohen_kappa_score(truth, pred))
+    assert [c["support"] for c in s["per_class"]] == [4, 2, 4]
+
+
+# -- a parallel checkpoint on one device ------------------------------------------------------
+@pytest.mark.parametrize("strategy,kw", [("dchag", {}), ("baseline", {"aggregation": "baseline", "groups": 1})])
+def test_parallel_checkpoint_loads_into_the_one_device_model(tmp_path, strategy, kw):
+    from dchag.model import ChannelViT
+    from dchag.train.checkpoint import load_weights
+
+    run_distributed(parallel_checks.check_checkpoint_exports, 2, strategy, str(tmp_path), kw)
+    ref = torch.load(tmp_path / "reference.pt")
+    model = ChannelViT(parallel_checks.small_config(**kw))
+    load_weights(model, tmp_path / "final")
+    with torch.no_grad():
+        out = model(ref["x"], ref["lead"])
+    torch.testing.assert_close(out, ref["out"], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,147 @@
+# Figures (PNG for the report, PDF beside it), drawn from result files only: `snakemake
+# figures` redraws them without retraining. Captions: workflow/report/*.rst.
+
+
+rule fig_loss_curves:
+    input:
+        [f"{RESULTS}/train/{run}/log.csv" for run in TRAIN_RUNS],
+    output:
+        png=report(
+            f"{FIGURES}/loss_curves.png",
+            caption="../report/loss_curves.rst",
+            category="Figures",
+            subcategory="Training",
+        ),
+        pdf=f"{FIGURES}/loss_curves.pdf",
+    log:
+        f"{LOGS}/fig_loss_curves.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+    shell:
+        "{params.dchag} figure loss-curves {input} --output {output.png} > {log} 2>&1"
+
+
+rule fig_lead_time:
+    input:
+        lambda w: [
+            f"{EVAL_DIR}/era5/scores_{source}_{w.convention}.csv"
+            for source in [*FORECAST_RUNS, *BASELINE_FORECASTS]
+        ],
+    output:
+        png=report(
+            f"{FIGURES}/lead_time_{{convention}}.png",
+            caption="../report/lead_time.rst",
+            category="Figures",
+            subcategory="Weather",
+        ),
+        pdf=f"{FIGURES}/lead_time_{{convention}}.pdf",
+    log:
+        f"{LOGS}/fig_lead_time_{{convention}}.log",
+    wildcard_constraints:
+        convention="wb2|climax",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+    shell:
+        "{params.dchag} figure lead-time {input} --output {output.png} > {log} 2>&1"
+
+
+rule fig_forecast_maps:
+    input:
+        forecasts=[f"{EVAL_DIR}/era5/forecast_{run}.zarr" for run in FORECAST_RUNS],
+        truth=f"{EVAL_DIR}/era5/truth.zarr",
+    output:
+        png=report(
+            f"{FIGURES}/forecast_maps.png",
+            caption="../report/forecast_maps.rst",
+            category="Figures",
+            subcategory="Weather",
+        ),
+        pdf=f"{FIGURES}/forecast_maps.pdf",
+    log:
+        f"{LOGS}/fig_forecast_maps.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        variable=(
+            f"--variables {EVAL['map_variable'] or forecast_outputs()[0]}"
+            if FORECAST_RUNS
+            else ""
+        ),
+    shell:
+        "{params.dchag} figure forecast-maps {input.forecasts} --truth {input.truth} {params.variable} "
+        "--output {output.png} > {log} 2>&1"
+
+
+rule fig_memory_throughput:
+    input:
+        model_benchmark(),
+    output:
+        png=report(
+            f"{FIGURES}/memory_throughput.png",
+            caption="../report/memory_throughput.rst",
+            category="Figures",
+            subcategory="Scaling",
+        ),
+        pdf=f"{FIGURES}/memory_throughput.pdf",
+    log:
+        f"{LOGS}/fig_memory_throughput.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+    shell:
+        "{params.dchag} figure memory-throughput {input} --output {output.png} > {log} 2>&1"
+
+
+rule fig_hsi_reconstruction:
+    input:
+        [f"{EVAL_DIR}/hsi/recon_{run}.npz" for run in MAE_RUNS],
+    output:
+        png=report(
+            f"{FIGURES}/hsi_reconstruction.png",
+            caption="../report/hsi_reconstruction.rst",
+            category="Figures",
+            subcategory="Hyperspectral",
+        ),
+        pdf=f"{FIGURES}/hsi_reconstruction.pdf",
+    log:
+        f"{LOGS}/fig_hsi_reconstruction.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+    shell:
+        "{params.dchag} figure hsi-reconstruction {input} --output {output.png} > {log} 2>&1"
+
+
+rule fig_classification:
+    input:
+        [f"{EVAL_DIR}/hsi/classify_{run}_map.npz" for run in CLASSIFY_RUNS],
+    output:
+        png=report(
+            f"{FIGURES}/classification.png",
+            caption="../report/classification.rst",
+            category="Figures",
+            subcategory="Hyperspectral",
+        ),
+        pdf=f"{FIGURES}/classification.pdf",
+    log:
+        f"{LOGS}/fig_classification.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+    shell:
+        "{params.dchag} figure classification {input} --output {output.png} > {log} 2>&1"
+
+
+# Every figure, from existing results (a named target: `snakemake figures`).
+rule figures:
+    input:
+        figure_outputs(),
+    localrule: True
