@@ -185,3 +185,6 @@ def test_cluster_launch_command_from_a_slurm_allocation():
     assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node07:29500", "--rdzv-id=4242"} <= set(cmd)
     assert cmd[-5:] == ["-m", "dchag", "train", "--config", "c.yaml"]
     assert "--standalone" in torchrun_command(2, 1, [], {"PATH": "/nonexistent"})
+    # A one-node allocation: standalone (a free port), so jobs sharing a node do not collide.
+    one = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node07", "SLURM_NNODES": "1", "PATH": "/nonexistent"}
+    assert "--standalone" in torchrun_command(2, 1, [], one) and "--rdzv-backend=c10d" not in torchrun_command(2, 1, [], one)

@@ -1,6 +1,8 @@
 # Training: one torchrun job per run of config train.runs (the demo: baseline and D-CHAG for
 # each task). A crashed worker restarts the group (--max-restarts), which resumes from the
-# newest checkpoint; so does a rerun of the job.
+# newest checkpoint; so does a rerun or a Slurm resubmission of the job. `dchag launch-train`
+# starts torchrun standalone on one node, or, on several Slurm nodes (one task per node,
+# started by srun), with c10d rendezvous on the first.
 
 
 rule train:
@@ -19,18 +21,17 @@ rule train:
         "../../envs/train.yaml"
     threads: TRAIN.get("nproc", 2)
     resources:
-        runtime=240,
+        **train_resources(),
     params:
-        torchrun=TORCHRUN,
+        launch=train_launcher,
         cfg=train_config_arg,
         nproc=TRAIN.get("nproc", 2),
         restarts=TRAIN.get("max_restarts", 1),
         outdir=lambda w, output: Path(output.log).parent,
         data=lambda w, input: Path(input[0]).parents[1],
     shell:
-        "{params.torchrun} --standalone --nproc-per-node {params.nproc} --max-restarts {params.restarts} "
-        "-m dchag train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
-        "--data-root {params.data} > {log} 2>&1"
+        "{params.launch} launch-train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
+        "--data-root {params.data} --nproc {params.nproc} --max-restarts {params.restarts} > {log} 2>&1"
 
 
 rule train_summary:

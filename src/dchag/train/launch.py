@@ -43,8 +43,10 @@ def slurm_head_node(env: dict) -> str:
 def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[str], env: dict | None = None) -> list[str]:
     env = dict(os.environ if env is None else env)
     cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
-    if "SLURM_JOB_ID" in env and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
-        nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    # One node (a laptop, or a one-node Slurm job): standalone picks a free port, so several
+    # training jobs can share a node.
+    if nnodes > 1 and "SLURM_JOB_ID" in env and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={slurm_head_node(env)}:{RDZV_PORT}",
                 f"--rdzv-id={env['SLURM_JOB_ID']}"]
     else:

@@ -1,0 +1,124 @@
+"""The workflow on a real Slurm cluster (one node, this machine): `snakemake --profile slurm`
+with the shipped profile, training as a multi-process torchrun inside a Slurm allocation,
+results equal to a local run's, a cancelled training job resubmitted and resumed, and a
+failing job reported with its Slurm log."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import REPO
+import slurm_cluster
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+RUN = "forecast-dchag"
+
+why_not = slurm_cluster.available()
+if why_not and os.environ.get("DCHAG_REQUIRE_SLURM"):
+    raise RuntimeError(f"DCHAG_REQUIRE_SLURM is set but a Slurm test cluster cannot start: {why_not}")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_not is not None, reason=f"Slurm test cluster: {why_not}")]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with slurm_cluster.cluster(tmp_path_factory.mktemp("slurm")) as host:
+        yield host
+
+
+def small_config(path: Path, **evaluate) -> Path:
+    """The demo, cut to one D-CHAG forecast run long enough to checkpoint and be cancelled."""
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg.pop("hsi")
+    cfg["era5"]["years"] = {"train": [2016], "val": [2017], "test": [2018]}
+    cfg["train"].update(steps=40, checkpoint_every=10, val_every=20, runs={RUN: {"task": "forecast"}})
+    cfg["evaluate"] = {"lead_hours": [168], "conventions": ["wb2"], **evaluate}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def env_with_profile(tmp_path: Path) -> dict:
+    xdg = tmp_path / "xdg"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(xdg), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-m", "dchag", "install-profile", "slurm"], env=env, check=True, capture_output=True)
+    assert (xdg / "snakemake" / "slurm" / "profile.yaml").exists()
+    return env
+
+
+SLURM_ARGS = ["--profile", "slurm", "--slurm-status-command", "squeue", "--slurm-no-account",
+              "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2", "--jobs", "4"]
+
+
+def _final_tensors(run_dir: Path) -> dict:
+    from dchag.model import ChannelViT
+    from dchag.train.checkpoint import load_weights
+    from dchag.config import load_config
+    from dchag.train.trainer import Task, run_config
+
+    cfg = run_config(load_config(str(run_dir.parents[3] / "small.yaml")), RUN)
+    model = ChannelViT(Task(cfg, run_dir.parents[1]).model_cfg)
+    load_weights(model, run_dir / "final")
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tmp_path):
+    config = small_config(tmp_path / "small.yaml")
+    env = env_with_profile(tmp_path)
+    local, remote = tmp_path / "local", tmp_path / "slurm"
+    for d in (local, remote):
+        d.mkdir()
+        (d / "small.yaml").write_text(config.read_text())
+    proc = subprocess.run([*SNAKEMAKE, "--directory", str(local), "--configfile", str(config), "--cores", "2"],
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    log = open(tmp_path / "slurm_run.log", "w")
+    run = subprocess.Popen([*SNAKEMAKE, "--directory", str(remote), "--configfile", str(config), *SLURM_ARGS],
+                           env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    # Cancel the training job once it has written a checkpoint: Slurm ends it, Snakemake
+    # resubmits it (profile: retries), the new job resumes from the checkpoint.
+    ckpt = remote / "results" / "demo" / "train" / RUN / "checkpoints" / "step_10" / ".metadata"
+    cancelled = None
+    deadline = time.time() + 900
+    while run.poll() is None and time.time() < deadline:
+        if cancelled is None and ckpt.exists():
+            jobs = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True).stdout.split("\n")
+            train = [j.split()[0] for j in jobs if "rule_train" in j]
+            if train:
+                subprocess.run(["scancel", train[0]], check=True)
+                cancelled = train[0]
+        time.sleep(1)
+    if run.poll() is None:
+        run.kill()
+    log.close()
+    out = (tmp_path / "slurm_run.log").read_text()
+    assert run.returncode == 0, out[-4000:]
+    assert cancelled is not None, "the training job was never seen running with a checkpoint"
+    # The resubmitted job resumed (the training log says so) and the results equal the local run's.
+    train_log = (remote / "logs" / "demo" / f"train_{RUN}.log").read_text()
+    assert "resum" in train_log.lower(), train_log[-2000:]
+    a = _final_tensors(local / "results" / "demo" / "train" / RUN)
+    b = _final_tensors(remote / "results" / "demo" / "train" / RUN)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in (f"scores_{RUN}_wb2.csv", "scores_persistence_wb2.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(local / "results" / "demo" / "eval" / "era5" / name),
+                                      pd.read_csv(remote / "results" / "demo" / "eval" / "era5" / name))
+    # Training ran inside a Slurm allocation: one Slurm log per job, the training job's among them.
+    assert list((remote / "logs" / "slurm").rglob("*.log")), "no Slurm job logs"
+
+    # A failing job: Snakemake fails and names the job's Slurm log.
+    (remote / "bad.json").write_text("{not json")
+    bad = small_config(tmp_path / "bad.yaml", model_benchmark=str(remote / "bad.json"))
+    proc = subprocess.run([*SNAKEMAKE, "--directory", str(remote), "--configfile", str(bad), *SLURM_ARGS, "--retries", "0",
+                           "figures"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "fig_memory_throughput" in text and "logs/slurm" in text, text[-3000:]
