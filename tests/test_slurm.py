@@ -76,10 +76,10 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     for d in (local, remote):
         d.mkdir()
         (d / "small.yaml").write_text(config.read_text())
-    proc = subprocess.run([*SNAKEMAKE, "--directory", str(local), "--configfile", str(config), "--cores", "2"],
-                          env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
+    # The local reference runs beside the Slurm run (which mostly waits on job states).
+    local_log = open(tmp_path / "local_run.log", "w")
+    local_run = subprocess.Popen([*SNAKEMAKE, "--directory", str(local), "--configfile", str(config), "--cores", "2"],
+                                 env=env, stdout=local_log, stderr=subprocess.STDOUT, text=True)
     log = open(tmp_path / "slurm_run.log", "w")
     run = subprocess.Popen([*SNAKEMAKE, "--directory", str(remote), "--configfile", str(config), *SLURM_ARGS],
                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -99,6 +99,8 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     if run.poll() is None:
         run.kill()
     log.close()
+    assert local_run.wait(timeout=600) == 0, (tmp_path / "local_run.log").read_text()[-3000:]
+    local_log.close()
     out = (tmp_path / "slurm_run.log").read_text()
     assert run.returncode == 0, out[-4000:]
     assert cancelled is not None, "the training job was never seen running with a checkpoint"
