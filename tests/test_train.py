@@ -4,6 +4,7 @@ inputs give clear errors, checkpoints refuse foreign models and pickled code."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from conftest import small_era5_config
 from distributed import free_port, run_distributed
@@ -188,3 +190,77 @@ def test_cluster_launch_command_from_a_slurm_allocation():
     # A one-node allocation: standalone (a free port), so jobs sharing a node do not collide.
     one = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node07", "SLURM_NNODES": "1", "PATH": "/nonexistent"}
     assert "--standalone" in torchrun_command(2, 1, [], one) and "--rdzv-backend=c10d" not in torchrun_command(2, 1, [], one)
+
+
+ALTERNATIVES = {
+    "ddp int8-ef, fixed groups, rotation": ({"aggregation": "linear", "groups": 4},
+                                            {"tp": 1, "strategy": "baseline", "dp": "ddp", "comm_hook": "int8_ef", "ddp_bucket_mb": 0.05},
+                                            {"rotation": {"fraction": 0.5, "lr_scale": 2.0}}),
+    "ddp powersgd": ({"aggregation": "baseline"}, {"tp": 1, "strategy": "baseline", "dp": "ddp", "comm_hook": "powersgd"}, {}),
+    "fsdp zero2": ({"aggregation": "baseline"}, {"tp": 1, "strategy": "baseline", "dp": "fsdp", "fsdp_reshard_after_forward": False}, {}),
+}
+
+
+@pytest.mark.parametrize("name", list(ALTERNATIVES))
+def test_lightweight_alternatives_train(data_root, tmp_path, name):
+    """The alternatives to D-CHAG as training options: DDP with bucketing and a compression
+    hook, fixed channel groups without TP, channel-subset rotation, FSDP2 sharding levels."""
+    root, base = data_root
+    model, parallel, train = ALTERNATIVES[name]
+    cfg = run_config(base, steps=12, checkpoint_every=6, val_every=6, **train)
+    cfg["model"].update(model)
+    cfg["parallel"] = parallel
+    out = tmp_path / "run"
+    text = finish(torchrun(cfg, out, root), out)
+    assert (out / "final" / ".metadata").exists(), text[-3000:]
+    import csv
+
+    rows = list(csv.DictReader(open(out / "log.csv")))
+    assert len(rows) == 12 and all(math.isfinite(float(r["loss"])) for r in rows)
+    info = json.loads((out / "run.json").read_text())
+    if "comm_hook" in parallel:
+        assert info["compression"]["hook"] == parallel["comm_hook"]
+
+
+def _int8_hook_check(rank, world):
+    from dchag.parallel.compression import CompressionHook
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    ddp = torch.nn.parallel.DistributedDataParallel(lin)
+    hook = CompressionHook("int8_ef")
+    ddp.register_comm_hook(hook, CompressionHook.hook)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank))
+    ddp(x).square().sum().backward()
+    # the reference: the exact mean of every rank's gradient
+    exact = torch.autograd.grad(lin(x).square().sum(), lin.weight)[0]
+    everyone = [torch.empty_like(exact) for _ in range(world)]
+    dist.all_gather(everyone, exact)
+    mean = torch.stack(everyone).mean(0)
+    scale = max(float(g.abs().max()) for g in everyone) / 127
+    assert (lin.weight.grad - mean).abs().max() <= scale  # within one quantisation step
+    assert hook.residuals and all(r.abs().max() <= scale for r in hook.residuals.values())
+    assert hook.fall_back(5) and hook.active == "fp16" and not hook.fall_back(6)
+
+
+def test_int8_error_feedback_hook_averages_within_one_quantisation_step():
+    run_distributed(_int8_hook_check, 2)
+
+
+def test_error_feedback_keeps_the_accumulated_error_bounded():
+    from dchag.parallel.compression import quantize_int8
+
+    rng = torch.Generator().manual_seed(0)
+    e = torch.zeros(1000)
+    total_true, total_sent = torch.zeros(1000), torch.zeros(1000)
+    for _ in range(50):
+        g = torch.randn(1000, generator=rng) * 1e-3
+        x = g + e
+        q, s = quantize_int8(x)
+        sent = q.float() * s
+        e = x - sent
+        total_true += g
+        total_sent += sent
+    # what was sent differs from what was meant by the last residual only (not 50 steps of error)
+    assert torch.allclose(total_true - total_sent, e, atol=1e-7)
+    assert e.abs().max() <= s

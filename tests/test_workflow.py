@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -81,6 +82,12 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     made = snakemake(tmp_path, "--report", str(report))
     assert made.returncode == 0, made.stderr[-3000:]
     check_report_in_browser(report, [Path(f).name for f in FIGURES_PNG])
+    # The verification experiment, demo-sized (a named target, not part of `all`).
+    extra = tmp_path / "verify.yaml"
+    extra.write_text("verify:\n  steps: 12\n")
+    verify = snakemake(tmp_path, "verify", "--configfile", str(REPO / "config" / "config.yaml"), str(extra))
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    check_verification(tmp_path / "results" / "demo")
 
 
 FIGURE_RULES = ["fig_loss_curves", "fig_lead_time", "fig_forecast_maps", "fig_memory_throughput", "fig_hsi_reconstruction",
@@ -114,6 +121,19 @@ def check_evaluation(results: Path) -> None:
     for name in FIGURES_PNG:
         png = results / "figures" / name
         assert png.stat().st_size > 10_000 and png.with_suffix(".pdf").exists(), name
+
+
+def check_verification(results: Path) -> None:
+    import pandas as pd
+
+    verdict = pd.read_csv(results / "eval" / "verify" / "verdict.csv")
+    assert list(verdict.run) == ["verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l"]
+    assert (verdict.steps == 12).all() and (verdict.step_s > 0).all() and (verdict.peak_mem_mib_max_rank > 0).all()
+    assert verdict.set_index("run").verdict["verify-dp"] == "reference"
+    assert set(verdict.verdict) <= {"reference", "adopt", "no: step time not 5% lower", "no: validation loss 5%+ worse"}
+    assert (results / "figures" / "verify.png").stat().st_size > 10_000
+    info = json.loads((results / "train" / "verify-compress" / "run.json").read_text())
+    assert info["compression"]["hook"] == "int8_ef"
 
 
 def check_report_in_browser(report: Path, figures: list[str]) -> None:

@@ -269,6 +269,64 @@ def cmd_install_profile(args) -> None:
     print(install(args.name, args.dest, args.force))
 
 
+# -- benefit model ---------------------------------------------------------------------------
+def cmd_calibrate(args) -> None:
+    from .benefit.calibrate import calibrate
+
+    cfg = _config(args) if args.config else None
+    hw = calibrate(cfg, args.output, repeats=args.repeats, channels=args.channels, batch=args.batch)
+    if hw is not None:
+        print(f"alpha {hw.alpha * 1e6:.1f} us, intra {hw.intra_bw / 1e9:.3f} GB/s, inter {hw.inter_bw / 1e9:.3f} GB/s"
+              + (f", compute {hw.measured['compute']['flops_per_s'] / 1e9:.2f} GFLOP/s" if "compute" in hw.measured else "")
+              + f" -> {args.output}")
+
+
+def cmd_advise(args) -> None:
+    from .benefit import advise as adv
+    from .benefit.hardware import Hardware
+    from .config import ConfigError
+
+    if args.hardware:
+        hw = Hardware.from_yaml(args.hardware)
+    elif None not in (args.alpha, args.intra_bw, args.inter_bw):
+        hw = Hardware(args.alpha, args.intra_bw, args.inter_bw, args.gpus_per_node)
+    else:
+        raise ConfigError("give --hardware FILE (from `dchag calibrate`) or all of --alpha, --intra-bw and --inter-bw")
+    hw.gpus_per_node = args.gpus_per_node
+    if args.gradient_bytes is not None:
+        if args.compute_s is None:
+            raise ConfigError("--gradient-bytes (the seed article's model) needs --compute-s")
+        result = adv.article(args.gradient_bytes, args.compute_s, hw, args.gpus, args.gpus_per_node, args.delta_alpha)
+    else:
+        from .benefit.calibrate import workload_from_config
+
+        if not args.model:
+            raise ConfigError("give --model FILE (a config with a model section), or --gradient-bytes and --compute-s")
+        from .config import load_config
+
+        w = workload_from_config(load_config(args.model), args.channels, args.batch, tuple(args.image) if args.image else None)
+        rate = args.flops_per_s or hw.measured.get("compute", {}).get("flops_per_s")
+        if not rate:
+            raise ConfigError("no compute rate: pass --flops-per-s, or a --hardware profile calibrated with --config")
+        result = adv.advise(w, hw, args.gpus, args.gpus_per_node, rate, args.gpu_memory_gb * 1e9 if args.gpu_memory_gb else None)
+    print(adv.format_table(result))
+    if args.output:
+        adv.write(result, args.output)
+
+
+def cmd_verify_report(args) -> None:
+    from .benefit import verify
+
+    runs = {}
+    for item in args.runs:
+        name, _, path = item.partition("=")
+        runs[name] = Path(path)
+    df = verify.summarize(runs, tolerance=args.tolerance)
+    verify.write(df, args.output)
+    verify.figure(runs, df, args.figure)
+    print(df[["run", "step_s", "comm_s", "peak_mem_mib_max_rank", "final_val_loss", "step_time_change", "verdict"]].to_string(index=False))
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dchag", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -461,6 +519,39 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("hsi-scores", cmd_hsi_scores, "one CSV of the hyperspectral scores of several runs")
     sp.add_argument("files", nargs="+", help="evaluate-mae / evaluate-classify JSON files")
     sp.add_argument("--output", required=True)
+
+    sp = add("calibrate", cmd_calibrate,
+             "measure all-reduce/all-gather (alpha, bandwidth; intra/inter node) and a model's compute: a hardware profile "
+             "(run under torchrun)")
+    sp.add_argument("--config", help="config whose model's step time is measured (optional)")
+    sp.add_argument("--channels", type=int)
+    sp.add_argument("--batch", type=int)
+    sp.add_argument("--repeats", type=int, default=5)
+    sp.add_argument("--output", default="hw.yaml")
+
+    sp = add("advise", cmd_advise, "predict step time, communication and memory per strategy; recommend one")
+    sp.add_argument("--hardware", help="profile from `dchag calibrate`")
+    sp.add_argument("--alpha", type=float, help="seconds per message step")
+    sp.add_argument("--intra-bw", type=float, help="bytes/s within a node")
+    sp.add_argument("--inter-bw", type=float, help="bytes/s between nodes")
+    sp.add_argument("--model", help="config YAML with the model (and era5 channels/grid)")
+    sp.add_argument("--channels", type=int)
+    sp.add_argument("--image", type=int, nargs=2, metavar=("H", "W"))
+    sp.add_argument("--batch", type=int, help="micro-batch per GPU (default: train.batch_size)")
+    sp.add_argument("--gpus", type=int, required=True)
+    sp.add_argument("--gpus-per-node", type=int, required=True)
+    sp.add_argument("--flops-per-s", type=float, help="sustained FLOP/s per GPU (default: the profile's measured rate)")
+    sp.add_argument("--gpu-memory-gb", type=float, help="memory per GPU: strategies that do not fit are not recommended")
+    sp.add_argument("--gradient-bytes", type=float, help="the seed article's model: gradient bytes per step (with --compute-s)")
+    sp.add_argument("--compute-s", type=float, help="the seed article's model: compute time per step")
+    sp.add_argument("--delta-alpha", type=float, default=2e-3, help="the article's added fixed overhead (s)")
+    sp.add_argument("--output", help=".json (everything) or .md (the table)")
+
+    sp = add("verify-report", cmd_verify_report, "the verification experiment's verdict table and figure, from its training logs")
+    sp.add_argument("runs", nargs="+", help="NAME=RUN_DIR (with log.csv and ranks.csv); verify-dp is the reference")
+    sp.add_argument("--tolerance", type=float, default=0.05, help="relative validation-loss rise still counted as no accuracy loss")
+    sp.add_argument("--output", required=True, help="verdict CSV")
+    sp.add_argument("--figure", required=True, help=".png (a .pdf is written beside it)")
 
     sp = add("install-profile", cmd_install_profile,
              "copy a shipped Snakemake profile where `snakemake --profile NAME` finds it")

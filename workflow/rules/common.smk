@@ -27,20 +27,26 @@ else:
     DCHAG = "dchag"
 
 
-def config_arg(*sections):
-    """The config sections a rule uses, written once to a content-addressed JSON file whose
-    path is the rule's argument: a rule reruns when its own sections change and not when
-    another's do, and the printed commands stay short."""
-    cfg = {"name": config["name"], **{s: config[s] for s in sections}}
+def config_file(cfg, label):
+    """``cfg`` written once to a content-addressed JSON file; its quoted path."""
     text = json.dumps(cfg, sort_keys=True, indent=1)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = Path(".snakemake") / "dchag-config" / f"{'+'.join(sections)}-{digest}.json"
+    path = Path(".snakemake") / "dchag-config" / f"{label}-{digest}.json"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
-    quoted = shlex.quote(str(path))
+    return shlex.quote(str(path))
+
+
+def config_arg(*sections):
+    """The config sections a rule uses, written once to a content-addressed JSON file whose
+    path is the rule's argument: a rule reruns when its own sections change and not when
+    another's do, and the printed commands stay short."""
+    quoted = config_file(
+        {"name": config["name"], **{s: config[s] for s in sections}}, "+".join(sections)
+    )
     return (
         lambda wildcards: quoted
     )  # a function, so "{year}" inside is not taken as a wildcard
@@ -142,23 +148,79 @@ TRAIN = config.get("train", {})
 TRAIN_RUNS = TRAIN.get("runs", {})
 
 
+def verify_runs():
+    """The verification experiment (config `verify`): data parallelism, fixed channel groups,
+    compression with bucketing and D-CHAG-L, the same task, steps and global batch."""
+    v = config.get("verify")
+    if not v:
+        return {}
+    nproc = int(TRAIN.get("nproc", 2))
+    batch = int(v.get("batch_size", TRAIN.get("batch_size", 8)))
+    if batch % nproc:
+        raise WorkflowError(
+            f"config key 'verify.batch_size': {batch} does not split over {nproc} data-parallel ranks"
+        )
+    common = {"steps": int(v.get("steps", TRAIN.get("steps", 100)))}
+    dp_train = {**common, "batch_size": batch // nproc}
+    ddp = {"tp": 1, "strategy": "baseline", "dp": "ddp"}
+    task = v.get("task", "forecast")
+    return {
+        "verify-dp": {
+            "task": task,
+            "model": {"aggregation": "baseline"},
+            "parallel": ddp,
+            "train": dp_train,
+        },
+        "verify-fixed-group": {
+            "task": task,
+            "model": {"aggregation": "linear", "groups": int(v.get("groups", 4))},
+            "parallel": ddp,
+            "train": dp_train,
+        },
+        "verify-compress": {
+            "task": task,
+            "model": {"aggregation": "baseline"},
+            "parallel": {
+                **ddp,
+                "comm_hook": v.get("comm_hook", "int8_ef"),
+                "ddp_bucket_mb": float(v.get("bucket_mb", 1.0)),
+            },
+            "train": dp_train,
+        },
+        "verify-dchag-l": {
+            "task": task,
+            "model": {"aggregation": "linear"},
+            "parallel": {"tp": nproc, "strategy": "dchag", "dp": "none"},
+            "train": {**common, "batch_size": batch},
+        },
+    }
+
+
+VERIFY_RUNS = verify_runs()
+ALL_RUNS = {**TRAIN_RUNS, **VERIFY_RUNS}
+
+
 def _task_sections(run):
-    return ["era5"] if TRAIN_RUNS[run]["task"] == "forecast" else ["hsi"]
+    return ["era5"] if ALL_RUNS[run]["task"] == "forecast" else ["hsi"]
 
 
 def train_inputs(wildcards):
-    task = TRAIN_RUNS[wildcards.run]["task"]
+    task = ALL_RUNS[wildcards.run]["task"]
     if task == "forecast":
         return [f"{RESULTS}/era5/train.zarr", f"{RESULTS}/era5/val.zarr"]
     return [f"{RESULTS}/hsi/{'mae' if task == 'mae' else 'classification'}.zarr"]
 
 
 def train_config_arg(wildcards):
+    """The run's config: its dataset section, model, parallel and train with only this run
+    (adding or changing another run does not retrain this one)."""
     sections = [
         *_task_sections(wildcards.run),
-        *(s for s in ("model", "parallel", "train") if s in config),
+        *(s for s in ("model", "parallel") if s in config),
     ]
-    return config_arg(*sections)(wildcards)
+    cfg = {"name": config["name"], **{s: config[s] for s in sections}}
+    cfg["train"] = {**TRAIN, "runs": {wildcards.run: ALL_RUNS[wildcards.run]}}
+    return config_file(cfg, "+".join([*sections, "train", wildcards.run]))
 
 
 def train_resources():

@@ -145,3 +145,38 @@ rule figures:
     input:
         figure_outputs(),
     localrule: True
+
+
+# The verification experiment (config `verify`): a named target, not part of `all`.
+rule verify_report:
+    input:
+        [f"{RESULTS}/train/{run}/log.csv" for run in VERIFY_RUNS],
+    output:
+        table=report(
+            f"{EVAL_DIR}/verify/verdict.csv",
+            caption="../report/verify_table.rst",
+            category="Verification",
+        ),
+        png=report(
+            f"{FIGURES}/verify.png",
+            caption="../report/verify.rst",
+            category="Verification",
+        ),
+        pdf=f"{FIGURES}/verify.pdf",
+    log:
+        f"{LOGS}/verify_report.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        runs=" ".join(f"{run}={RESULTS}/train/{run}" for run in VERIFY_RUNS),
+        tolerance=config.get("verify", {}).get("tolerance", 0.05),
+    shell:
+        "{params.dchag} verify-report {params.runs} --tolerance {params.tolerance} "
+        "--output {output.table} --figure {output.png} > {log} 2>&1"
+
+
+rule verify:
+    input:
+        rules.verify_report.output,
+    localrule: True

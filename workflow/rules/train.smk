@@ -16,7 +16,7 @@ rule train:
     benchmark:
         f"{RESULTS}/benchmarks/train_{{run}}.tsv"
     wildcard_constraints:
-        run="|".join(TRAIN_RUNS) or "NO_RUNS",
+        run="|".join(ALL_RUNS) or "NO_RUNS",
     conda:
         "../../envs/train.yaml"
     threads: TRAIN.get("nproc", 2)

@@ -74,15 +74,16 @@ class ChannelTokenizer(nn.Module):
             return self.channel_embed
         return self.wavelength_proj(sincos_1d(self.wavelengths, self.embed_dim, max_period=5000.0))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_held, H, W) -> (B, C_held, L, D)."""
+    def forward(self, x: torch.Tensor, channels: slice = slice(None)) -> torch.Tensor:
+        """(B, C, H, W) -> (B, C, L, D); ``channels`` selects which held channels x holds (all by default)."""
         b, c, h, w = x.shape
         p = self.patch_size
-        if c != self.weight.shape[0]:
-            raise ValueError(f"tokenizer holds {self.weight.shape[0]} channels, input has {c}")
+        weight = self.weight[channels]
+        if c != weight.shape[0]:
+            raise ValueError(f"tokenizer holds {weight.shape[0]} channels here, input has {c}")
         patches = x.reshape(b, c, h // p, p, w // p, p).permute(0, 1, 2, 4, 3, 5).reshape(b, c, -1, p * p)
-        tokens = torch.einsum("bclk,cdk->bcld", patches, self.weight) + self.bias[None, :, None, :]
-        return tokens + self.channel_embedding()[None, :, None, :]
+        tokens = torch.einsum("bclk,cdk->bcld", patches, weight) + self.bias[channels][None, :, None, :]
+        return tokens + self.channel_embedding()[channels][None, :, None, :]
 
 
 class CrossAttention(nn.Module):

@@ -125,8 +125,15 @@ class ChannelViT(nn.Module):
             self.head = nn.Linear(d, cfg.num_classes)
 
     # -- front end: tokenization and channel aggregation --------------------------------------
-    def aggregate(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_held, H, W) -> (B, L, D)."""
+    def aggregate(self, x: torch.Tensor, active_groups: list[int] | None = None) -> torch.Tensor:
+        """(B, C_held, H, W) -> (B, L, D). With ``active_groups`` (channel-subset rotation, one
+        device) only those groups' channels are tokenized and aggregated."""
+        if active_groups is not None:
+            if self.partial is None or self.group_gather is not None:
+                raise ValueError("channel-subset rotation needs a hierarchical model on one device (no D-CHAG gather)")
+            parts = [self.partial[key](self.tokenizer(x[:, lo:hi], slice(lo, hi)))
+                     for key, lo, hi in self.local_groups if int(key) in active_groups]
+            return self.final(torch.stack(parts, dim=1))
         tokens = self.tokenizer(x)
         if self.partial is None:
             return self.final(tokens)
@@ -149,8 +156,9 @@ class ChannelViT(nn.Module):
         return x.reshape(b, channels, gh * p, gw * p)
 
     # -- tasks ------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, lead_time_hours: torch.Tensor | None = None, ids_keep: torch.Tensor | None = None):
-        tokens = self.aggregate(x) + self.pos_embed
+    def forward(self, x: torch.Tensor, lead_time_hours: torch.Tensor | None = None, ids_keep: torch.Tensor | None = None,
+                active_groups: list[int] | None = None):
+        tokens = self.aggregate(x, active_groups) + self.pos_embed
         if self.cfg.task == "forecast":
             if lead_time_hours is None:
                 raise ValueError("a forecasting model needs lead_time_hours")

@@ -96,11 +96,14 @@ def apply_activation_checkpointing(model: ChannelViT) -> None:
     model.final = checkpoint_wrapper(model.final)
 
 
-def apply_fsdp(model: ChannelViT, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None) -> None:
+def apply_fsdp(model: ChannelViT, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None, reshard_after_forward: bool = True) -> None:
+    """FSDP2 per ViT block and at the root. reshard_after_forward=True frees gathered weights
+    after forward and gathers them again for backward (ZeRO-3); False keeps them (ZeRO-2-like:
+    gradients and optimizer state sharded, weights whole between forward and backward)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     for block in model.blocks:
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
 def parallelize_model(
@@ -110,6 +113,12 @@ def parallelize_model(
     strategy: str = "baseline",
     activation_checkpointing: bool = False,
     param_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+    ddp_bucket_mb: float = 25.0,
+    comm_hook: str = "none",
+    powersgd_rank: int = 2,
+    find_unused_parameters: bool = False,
+    timed_ddp: bool = False,
 ) -> nn.Module:
     """Apply the strategy over ``mesh`` ("dp", "tp"); returns the module to train (DDP wraps)."""
     if strategy not in STRATEGIES:
@@ -121,9 +130,21 @@ def parallelize_model(
         apply_activation_checkpointing(model)
     if mesh is not None and dims.dp > 1:
         if dims.dp_mode == "fsdp":
-            apply_fsdp(model, mesh["dp"], param_dtype)
+            apply_fsdp(model, mesh["dp"], param_dtype, reshard_after_forward)
         elif dims.dp_mode == "ddp":
-            return nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group())
+            ddp = nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group(), bucket_cap_mb=ddp_bucket_mb,
+                                                      find_unused_parameters=find_unused_parameters)
+            if comm_hook != "none" or timed_ddp:
+                from .compression import CompressionHook
+
+                hook = CompressionHook(comm_hook if comm_hook != "none" else "allreduce", mesh["dp"].get_group(), powersgd_rank)
+                ddp.register_comm_hook(hook, CompressionHook.hook)
+                ddp.comm_hook_state = hook
+                if comm_hook != "none":
+                    ddp.compression = hook
+            return ddp
+    if comm_hook != "none":
+        raise ParallelConfigError(f"parallel.comm_hook {comm_hook!r} needs parallel.dp: ddp and several data-parallel ranks")
     return model
 
 

@@ -121,20 +121,31 @@ class Task:
             return ForecastDataset(self.store[split], self.channels, rank_channels, self.outputs, lead, seed)
         return SampleDataset(self.store[split], split, self.var, rank_channels, self.model_cfg.in_channels)
 
-    def loss(self, model, batch, step: int, seed: int, channel_group) -> tuple[torch.Tensor, dict]:
+    def rotation_groups(self, step: int) -> list[int] | None:
+        """Channel-subset rotation: the k = round(fraction x G) groups trained at ``step``,
+        consecutive modulo G, so every group is trained once every ceil(G / k) steps."""
+        rot = self.train_cfg.get("rotation")
+        if not rot:
+            return None
+        g = self.model_cfg.groups
+        k = max(1, round(g * rot.get("fraction", 0.25)))
+        return sorted({(step * k + j) % g for j in range(k)})
+
+    def loss(self, model, batch, step: int, seed: int, channel_group, rotate: bool = True) -> tuple[torch.Tensor, dict]:
+        groups = self.rotation_groups(step) if rotate else None
         if self.name == "forecast":
             x, lead, y = batch
-            pred = model(x, lead)
+            pred = model(x, lead, active_groups=groups)
             w = self.weights.to(pred.device)
             return (((pred - y) ** 2) * w).mean(), {}
         if self.name == "classify":
             x, label = batch
-            logits = model(x)
+            logits = model(x, active_groups=groups)
             return torch.nn.functional.cross_entropy(logits, label), {"accuracy": (logits.argmax(-1) == label).float().mean().item()}
         (x,) = batch
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)  # same mask on every TP rank
         ids_keep, mask = random_masking(x.shape[0], self.model_cfg.num_patches, self.train_cfg.get("mae", {}).get("mask_ratio", 0.75), g)
-        pred = model(x, ids_keep=ids_keep.to(x.device))
+        pred = model(x, ids_keep=ids_keep.to(x.device), active_groups=groups)
         target = gather_channels(x, channel_group)
         per_patch = patchwise_mse(pred, target, self.model_cfg.patch_size)
         if self.train_cfg.get("mae", {}).get("loss", "masked") == "masked":
@@ -201,13 +212,22 @@ class Trainer:
         precision = par.get("precision", "auto")
         self.precision = ("bf16" if self.device.type == "cuda" else "fp32") if precision == "auto" else precision
         self.model = parallelize_model(model.to(self.device), self.dims, self.mesh, strategy=strategy,
-                                       activation_checkpointing=par.get("activation_checkpointing", False))
+                                       activation_checkpointing=par.get("activation_checkpointing", False),
+                                       reshard_after_forward=par.get("fsdp_reshard_after_forward", True),
+                                       ddp_bucket_mb=par.get("ddp_bucket_mb", 25.0), comm_hook=par.get("comm_hook", "none"),
+                                       powersgd_rank=par.get("powersgd_rank", 2),
+                                       find_unused_parameters=bool(t.get("rotation")),
+                                       timed_ddp=bool(t.get("measure_comm", True)))
+        self.compression = getattr(self.model, "compression", None)
+        self.hook_state = getattr(self.model, "comm_hook_state", None)  # DDP: its collectives' time
+        self.fallback_threshold = par.get("compression_fallback", 0.05)
+        self.best_val = float("inf")
         self.core = self.model.module if hasattr(self.model, "module") else self.model
         self.channel_ids = self.core.tokenizer.channel_ids.tolist()
         self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
         # Only under D-CHAG does a rank hold a slice of the channels (the MAE target needs all).
         self.channel_group = self.tp_group if self.core.group_gather is not None else None
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.get("lr", 1e-3), weight_decay=t.get("weight_decay", 0.05), betas=(0.9, 0.95))
+        self.opt = torch.optim.AdamW(self._param_groups(t), lr=t.get("lr", 1e-3), weight_decay=t.get("weight_decay", 0.05), betas=(0.9, 0.95))
         self.steps = int(t.get("steps", 100))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.get("warmup_steps", 10), self.steps, t.get("min_lr_ratio", 0.05)))
         self.train_set = self.task.dataset("train", self.channel_ids, self.seed)
@@ -220,6 +240,42 @@ class Trainer:
         self.val_sampler = ResumableSampler(len(self.val_set), self.dims.dp, dp_rank, self.seed, shuffle=False)
         self.workers = int(t.get("num_workers", 0))
         self.prefetch = int(t.get("prefetch_factor", 2)) if self.workers else None
+
+    def _param_groups(self, t: dict) -> list[dict]:
+        """One group, or under channel-subset rotation the rotated parts (tokenizer, partial
+        aggregators) apart with their learning rate scaled by train.rotation.lr_scale."""
+        rot = t.get("rotation")
+        if not rot:
+            return [{"params": list(self.model.parameters())}]
+        if self.task.model_cfg.aggregation == "baseline" or self.dims.tp > 1 or self.cfg["parallel"].get("strategy") == "dchag":
+            raise ConfigError(f"run {self.cfg['run']!r}: train.rotation needs a hierarchical model (model.aggregation linear "
+                              f"or cross, model.groups) with parallel.strategy baseline and tp 1")
+        rotated = [p for n, p in self.model.named_parameters() if ckpt.canonical(n).startswith(("tokenizer.", "partial."))]
+        ids = {id(p) for p in rotated}
+        scale = float(rot.get("lr_scale", 1.0))
+        return [{"params": [p for p in self.model.parameters() if id(p) not in ids]},
+                {"params": rotated, "lr": t.get("lr", 1e-3) * scale}]
+
+    @contextlib.contextmanager
+    def _idle_channels_kept(self, step: int):
+        """Under rotation, the idle groups' rows of the tokenizer's per-channel parameters (one
+        tensor for all channels) and their Adam moments come out of the optimizer step unchanged,
+        as the idle partial aggregators' (no gradient, so AdamW skips them) do."""
+        groups = self.task.rotation_groups(step)
+        if groups is None:
+            yield
+            return
+        tok = self.core.tokenizer
+        idle = [i for g, (lo, hi) in enumerate(self.core.groups) if g not in groups for i in range(lo, hi)]
+        params = [p for p in (tok.weight, tok.bias, tok.channel_embed) if p is not None]
+        saved = [(p, p.detach()[idle].clone(), {k: v[idle].clone() for k, v in self.opt.state[p].items() if torch.is_tensor(v) and v.dim() and v.shape[0] == p.shape[0]})
+                 for p in params]
+        yield
+        with torch.no_grad():
+            for p, rows, moments in saved:
+                p[idle] = rows
+                for k, v in moments.items():
+                    self.opt.state[p][k][idle] = v
 
     # -- data --------------------------------------------------------------------------------
     def _loader(self, dataset, sampler, drop_last: bool = True):
@@ -278,7 +334,7 @@ class Trainer:
                 if i >= max_batches:
                     break
                 batch = [b.to(self.device) for b in batch]
-                loss, info = self.task.loss(self.model, batch, 10**9 + i, self.seed, self.channel_group)
+                loss, info = self.task.loss(self.model, batch, 10**9 + i, self.seed, self.channel_group, rotate=False)
                 losses.append(float(loss))
                 extra.append(info.get("accuracy"))
         self.model.train()
@@ -288,6 +344,16 @@ class Trainer:
         if stats[3] > 0:
             out["val_accuracy"] = float(stats[2] / stats[3])
         return out
+
+    def _check_compression(self, step: int, val_loss: float) -> None:
+        """Fall back from PowerSGD / 8-bit to fp16 compression when validation loss rises more than
+        parallel.compression_fallback (relative) above its best so far."""
+        if self.compression is not None and self.compression.active != "fp16" and val_loss > self.best_val * (1 + self.fallback_threshold):
+            self.compression.fall_back(step)
+            if self.rank == 0:
+                print(f"step {step}: validation loss {val_loss:.4f} is {val_loss / self.best_val - 1:+.1%} above its best "
+                      f"{self.best_val:.4f}: {self.compression.kind} compression falls back to fp16", flush=True)
+        self.best_val = min(self.best_val, val_loss)
 
     def train(self) -> Path:
         t = self.cfg["train"]
@@ -319,7 +385,8 @@ class Trainer:
                 loss.backward()
                 t3 = time.perf_counter()
                 grad_norm = float(clip_grad_norm_(self.model, clip, self.tp_group))
-                self.opt.step()
+                with self._idle_channels_kept(step):
+                    self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
                 self.sched.step()
             t4 = time.perf_counter()
@@ -327,9 +394,11 @@ class Trainer:
             step += 1
             row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": self.sched.get_last_lr()[0], "grad_norm": grad_norm,
                    "samples_per_s": self.batch / max(1e-9, t4 - t0), "peak_mem_mib": _peak_memory_mib(self.device),
-                   **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": comm.take() if isinstance(comm, _CommTimer) else None}
+                   **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": (comm.take() + (self.hook_state.take_seconds() if self.hook_state else 0.0))
+                   if isinstance(comm, _CommTimer) else None}
             if step % val_every == 0 or step == self.steps:
                 row.update(self.validate())
+                self._check_compression(step, row["val_loss"])
             # Every rank's throughput, memory and timings, gathered to rank 0 (one small collective).
             mine = torch.tensor([row[k] if row[k] is not None else float("nan") for k in RANK_FIELDS], dtype=torch.float64)
             everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())] if self.rank == 0 else None
@@ -373,6 +442,8 @@ class Trainer:
             "precision": self.precision,
             "train": self.cfg["train"],
             "mae_loss": self.cfg["train"].get("mae", {}).get("loss", "masked") if self.task.name == "mae" else None,
+            "compression": ({"hook": self.compression.kind, "fell_back_to_fp16_at_step": self.compression.fell_back_at}
+                            if self.compression is not None else None),
             "provenance": provenance.record(self.full_config),
         }
         (self.out / "run.json").write_text(json.dumps(info, indent=1, default=str))

@@ -1,0 +1,111 @@
+"""`dchag advise`: which parallel strategy pays off on this cluster, and why.
+
+For each strategy the cost model (costmodel.py) predicts per-GPU compute, intra- and
+inter-node communication and memory; the benefit ratio against data parallelism is
+R = (T_step_dp - T_step) / T_comp_dp — the seed article's (T_comm_base - T_comm_new) /
+T_comp_step when the strategy leaves compute unchanged. The regime is read off the
+data-parallel step: compute-bound when communication is under 10 % of compute; otherwise
+latency-bound when the per-message latency part of the communication exceeds the bandwidth
+part, else communication-bound. The recommendation is the fastest strategy that fits in
+memory, adopted only if it beats data parallelism by more than 5 % (the verification
+experiment's rule); otherwise stay with data parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from ..store import atomic_path
+from .costmodel import STRATEGIES, Prediction, Workload, article_ratio, predict
+from .hardware import Hardware
+
+ADOPT_THRESHOLD = 0.05
+
+
+def regime(dp: Prediction, latency_s: float) -> str:
+    if dp.comm_s < 0.1 * dp.compute_s:
+        return "compute-bound"
+    return "latency-bound" if latency_s > dp.comm_s - latency_s else "communication-bound"
+
+
+def advise(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate: float, memory_bytes: float | None = None,
+           strategies: tuple[str, ...] = STRATEGIES) -> dict:
+    rows = []
+    for s in strategies:
+        try:
+            rows.append(predict(w, hw, gpus, gpus_per_node, s, rate))
+        except ValueError as err:
+            rows.append(Prediction(s, 0, float("nan"), float("nan"), float("nan"), float("nan"), str(err)))
+    dp = next(r for r in rows if r.strategy == "dp")
+    latency_only = predict(w, replace(hw, intra_bw=float("inf"), inter_bw=float("inf")), gpus, gpus_per_node, "dp", rate)
+    reg = regime(dp, latency_only.comm_s)
+    table = []
+    for r in rows:
+        fits = memory_bytes is None or r.memory_bytes <= memory_bytes
+        table.append({
+            "strategy": r.strategy, "tp": r.tp, "compute_s": r.compute_s, "comm_intra_s": r.comm_intra_s,
+            "comm_inter_s": r.comm_inter_s, "step_s": r.step_s, "memory_gb": r.memory_bytes / 1e9,
+            "R_vs_dp": (dp.step_s - r.step_s) / dp.compute_s, "fits": fits, "note": r.note,
+        })
+    candidates = [t for t in table if t["fits"] and t["step_s"] == t["step_s"]]
+    best = min(candidates, key=lambda t: t["step_s"]) if candidates else None
+    dp_row = next(t for t in table if t["strategy"] == "dp")
+    reasons = [f"data parallelism: compute {dp.compute_s * 1e3:.1f} ms, communication {dp.comm_s * 1e3:.1f} ms "
+               f"({dp.comm_inter_s * 1e3:.1f} ms between nodes) per step: {reg}"]
+    if not dp_row["fits"]:
+        reasons.append(f"data parallelism needs {dp_row['memory_gb']:.1f} GB per GPU, more than the {memory_bytes / 1e9:.1f} GB available")
+    if best is None:
+        choice = None
+        reasons.append("no strategy fits in memory: use more GPUs, FSDP across more ranks, or a smaller model/batch")
+    elif best["strategy"] != "dp" and (not dp_row["fits"] or (dp.step_s - best["step_s"]) / dp.step_s > ADOPT_THRESHOLD):
+        choice = best["strategy"]
+        gain = (dp.step_s - best["step_s"]) / dp.step_s
+        reasons.append(f"{choice} is the fastest that fits: step {best['step_s'] * 1e3:.1f} ms vs {dp.step_s * 1e3:.1f} ms "
+                       f"({gain:+.0%} time saved), R = {best['R_vs_dp']:.3f}")
+    else:
+        choice = "dp" if dp_row["fits"] else best["strategy"]
+        reasons.append(f"no strategy beats data parallelism by more than {ADOPT_THRESHOLD:.0%}: keep {choice}")
+    if reg == "latency-bound":
+        reasons.append("latency-bound: fewer synchronisations help most (larger buckets, gradient accumulation, local SGD)")
+    return {"regime": reg, "recommendation": choice, "reasons": reasons, "table": table,
+            "inputs": {"gpus": gpus, "gpus_per_node": gpus_per_node, "alpha_s": hw.alpha, "intra_bw": hw.intra_bw,
+                       "inter_bw": hw.inter_bw, "flops_per_s": rate, "memory_gb": memory_bytes / 1e9 if memory_bytes else None,
+                       "workload": w.__dict__}}
+
+
+def article(gradient_bytes: float, compute_s: float, hw: Hardware, gpus: int, gpus_per_node: int, delta_alpha: float) -> dict:
+    r = article_ratio(gradient_bytes, compute_s, hw, gpus, gpus_per_node, delta_alpha)
+    latency = 2 * (gpus - 1) * hw.alpha
+    reg = ("compute-bound" if r["t_comm_base_s"] < 0.1 * compute_s
+           else "latency-bound" if latency > r["t_comm_base_s"] - latency else "communication-bound")
+    verdict = "adopt" if r["R"] > ADOPT_THRESHOLD else "not worth it"
+    return {**r, "regime": reg, "recommendation": "hierarchical" if r["R"] > ADOPT_THRESHOLD else "flat",
+            "reasons": [f"R = {r['R']:.3f} ({verdict}: threshold {ADOPT_THRESHOLD})",
+                        f"flat all-reduce {r['t_comm_base_s'] * 1e3:.1f} ms vs hierarchical {r['t_comm_new_s'] * 1e3:.1f} ms "
+                        f"(incl. Δα) against {compute_s * 1e3:.0f} ms of compute: {reg}"]}
+
+
+def format_table(result: dict) -> str:
+    if "table" not in result:
+        return "\n".join([f"R = {result['R']:.4f}  regime: {result['regime']}  recommendation: {result['recommendation']}",
+                          *result["reasons"]])
+    lines = ["| strategy | TP | compute ms | comm intra ms | comm inter ms | step ms | memory GB/GPU | R vs DP | fits |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for t in result["table"]:
+        lines.append(f"| {t['strategy']} | {t['tp']} | {t['compute_s'] * 1e3:.2f} | {t['comm_intra_s'] * 1e3:.2f} | "
+                     f"{t['comm_inter_s'] * 1e3:.2f} | {t['step_s'] * 1e3:.2f} | {t['memory_gb']:.2f} | {t['R_vs_dp']:+.3f} | "
+                     f"{'yes' if t['fits'] else 'no'}{' (' + t['note'] + ')' if t['note'] else ''} |")
+    lines += ["", f"Regime: {result['regime']}. Recommendation: {result['recommendation']}.", *[f"- {r}" for r in result["reasons"]]]
+    return "\n".join(lines)
+
+
+def write(result: dict, output: str | Path) -> Path:
+    output = Path(output)
+    with atomic_path(output) as tmp:
+        if output.suffix == ".json":
+            tmp.write_text(json.dumps(result, indent=1, default=float))
+        else:
+            tmp.write_text(format_table(result) + "\n")
+    return output

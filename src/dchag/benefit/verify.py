@@ -1,0 +1,92 @@
+"""The verification experiment's verdict: data parallelism against fixed channel groups,
+compression with bucketing and D-CHAG-L, trained for the same steps on the same data.
+
+Per run, from its training logs: median forward, backward and communication time and step
+time per step (the first ``warmup`` steps left out; the slowest rank's), peak memory per rank, the
+validation curve. The decision rule (seed article): adopt a method only if its step time is
+more than 5 % below data parallelism's with no significant accuracy loss — final validation
+loss at most ``tolerance`` (relative) above data parallelism's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..store import InputError, atomic_path
+
+STEP_GAIN = 0.05
+
+
+def _read(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    for name in ("log.csv", "ranks.csv"):
+        if not (run_dir / name).exists():
+            raise InputError(f"training log not found: {run_dir / name}")
+    return pd.read_csv(run_dir / "log.csv"), pd.read_csv(run_dir / "ranks.csv")
+
+
+def summarize(run_dirs: dict[str, Path], reference: str = "verify-dp", warmup: int = 5, tolerance: float = 0.05) -> pd.DataFrame:
+    rows = []
+    for name, d in run_dirs.items():
+        log, ranks = _read(Path(d))
+        timed = ranks[ranks.step > warmup] if (ranks.step > warmup).any() else ranks
+        slowest = timed.groupby("step")[["t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]].max()
+        # medians over steps: a shared machine's stalls would otherwise decide the verdict
+        step_s = (slowest[["t_data", "t_forward", "t_backward", "t_optimizer"]].sum(axis=1)).median()
+        slowest = slowest.median()
+        val = log.dropna(subset=["val_loss"])
+        rows.append({
+            "run": name, "steps": int(log.step.max()), "step_s": step_s, "forward_s": slowest.t_forward,
+            "backward_s": slowest.t_backward, "comm_s": slowest.t_comm, "optimizer_s": slowest.t_optimizer,
+            "peak_mem_mib_max_rank": float(ranks.peak_mem_mib.max()), "final_val_loss": float(val.val_loss.iloc[-1]) if len(val) else np.nan,
+        })
+    df = pd.DataFrame(rows)
+    if reference not in set(df.run):
+        raise InputError(f"the verification needs the reference run {reference!r}; got {', '.join(df.run)}")
+    ref = df.set_index("run").loc[reference]
+    df["step_time_change"] = df.step_s / ref.step_s - 1
+    df["val_loss_change"] = df.final_val_loss / ref.final_val_loss - 1
+    faster = df.step_time_change < -STEP_GAIN
+    accurate = df.val_loss_change <= tolerance
+    df["verdict"] = np.where(df.run == reference, "reference",
+                             np.where(faster & accurate, "adopt",
+                                      np.where(~faster, f"no: step time not {STEP_GAIN:.0%} lower",
+                                               f"no: validation loss {tolerance:.0%}+ worse")))
+    return df
+
+
+def write(df: pd.DataFrame, output: str | Path) -> Path:
+    with atomic_path(output) as tmp:
+        df.to_csv(tmp, index=False, float_format="%.6g")
+    return Path(output)
+
+
+def figure(run_dirs: dict[str, Path], df: pd.DataFrame, output: str | Path) -> Path:
+    from ..figures import _color, _save, plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    names = list(df.run)
+    x = np.arange(len(names))
+    bottom = np.zeros(len(names))
+    for part, colour in (("forward_s", "#4c72b0"), ("backward_s", "#dd8452"), ("optimizer_s", "#55a868")):
+        vals = df[part].to_numpy() * 1e3
+        axes[0].bar(x, vals, bottom=bottom, color=colour, label=part.removesuffix("_s"))
+        bottom += vals
+    axes[0].plot(x, df.comm_s.to_numpy() * 1e3, "k_", ms=30, mew=2, label="in collectives (part of the above)")
+    axes[0].set(xticks=x, ylabel="ms per step (slowest rank)", title="step time")
+    axes[0].set_xticklabels([n.removeprefix("verify-") for n in names], rotation=20)
+    axes[0].legend(fontsize=7)
+    axes[1].bar(x, df.peak_mem_mib_max_rank, color=[_color(n, i) for i, n in enumerate(names)])
+    axes[1].set(xticks=x, ylabel="MiB", title="peak memory, most loaded rank")
+    axes[1].set_xticklabels([n.removeprefix("verify-") for n in names], rotation=20)
+    for i, (name, d) in enumerate(run_dirs.items()):
+        log, _ = _read(Path(d))
+        val = log.dropna(subset=["val_loss"])
+        axes[2].plot(val.step, val.val_loss, "o-", color=f"C{i}", label=f"{name.removeprefix('verify-')}: {df.verdict.iloc[i]}")
+    axes[2].set(xlabel="step", ylabel="validation loss", title="validation")
+    axes[2].legend(fontsize=7)
+    fig.suptitle("Verification experiment: does a lighter alternative pay off here?")
+    fig.tight_layout()
+    return _save(fig, output)
