@@ -170,3 +170,19 @@ def test_workflow_is_lint_clean_and_formatted():
     fmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent))
     proc = subprocess.run([fmt, "--check", "Snakefile", "workflow/rules"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_slurm_profile_plans_the_workflow_with_site_resources(tmp_path):
+    """`--workflow-profile slurm` (profiles/slurm) plans every job with the profile's resources
+    and the config's training layout; the real cluster run is tests/test_slurm.py."""
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    cmd = [*SNAKEMAKE, "--directory", str(tmp_path), "--workflow-profile", "slurm", "-n",
+           "--configfile", str(REPO / "config" / "config.yaml")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "profiles/slurm" in out
+    train = out[out.index("rule train:"):]
+    train = train[:train.index("Shell command")]
+    assert "runtime=720" in train and "mem_mb=16000" in train and "nodes=1" in train, train
+    assert "launch-train" in out

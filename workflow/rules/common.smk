@@ -228,7 +228,7 @@ def train_resources():
     with several nodes, one task per node started by srun (mpi). Site values (partition,
     account, a typed gres) belong in the profile."""
     nodes = int(TRAIN.get("nodes", 1))
-    res = {"runtime": 240, "nodes": nodes, "tasks": nodes}
+    res = {"runtime": 240, "mem_mb": 8000, "nodes": nodes, "tasks": nodes}
     gpus = int(TRAIN.get("gpus_per_node", 0))
     if gpus:
         res["gres"] = f"gpu:{gpus}"
