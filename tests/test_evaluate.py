@@ -53,15 +53,16 @@ def test_acc_by_hand_and_the_conventions_differ():
     t = np.array([[[1, 0], [0, 0]], [[2, 1], [0, 1]]], float)
     wb2 = weather.acc_wb2(f, t, np.broadcast_to(clim, f.shape), w)
     assert wb2 == pytest.approx((1 / math.sqrt(2) + 1) / 2)
-    # ClimaX: centre by the batch mean over all values, one pooled correlation.
+    # ClimaX: centre by the mean over all values of the scored set, one pooled correlation.
     fa, ta = f - f.mean(), t - t.mean()
     expected = (fa * ta).sum() / math.sqrt((fa**2).sum() * (ta**2).sum())
     assert weather.acc_climax(f, t, clim, w) == pytest.approx(expected)
     assert abs(expected - wb2) > 0.01
-    # With batches of one sample: the mean of the per-batch pooled values (size-weighted).
+    # With batches of one sample: still centred over the whole set, one pooled value per batch,
+    # the mean of those (size-weighted).
     per = []
     for i in range(2):
-        a, b = f[i] - f[i].mean(), t[i] - t[i].mean()
+        a, b = fa[i], ta[i]
         per.append((a * b).sum() / math.sqrt((a**2).sum() * (b**2).sum()))
     assert weather.acc_climax(f, t, clim, w, batch_size=1) == pytest.approx(np.mean(per))
 

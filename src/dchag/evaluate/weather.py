@@ -8,10 +8,12 @@ against a day-of-year(-and-hour) climatology, averaged over time.
 
 ``climax`` (ClimaX's ``lat_weighted_rmse`` / ``lat_weighted_acc``): the RMSE is the square root
 per sample, then the mean over samples; the ACC subtracts a climatology, centres the anomalies
-by their mean over the batch (all samples, latitudes, longitudes, unweighted), and pools the
-batch into one weighted correlation. Batches are consecutive ``batch_size`` samples (all of
-them by default) and the score is the mean over batches weighted by their size, as
+by their mean over the whole scored set (all samples, latitudes, longitudes, unweighted), and
+pools each batch into one weighted correlation. Batches are consecutive ``batch_size`` samples
+(all of them by default) and the score is the mean over batches weighted by their size, as
 Lightning's epoch average does — so, unlike wb2, the ClimaX ACC depends on the batch size.
+(ClimaX's code centres by each batch's own mean; with all times in one batch, the default,
+the two are the same number.)
 
 The MSE is the same under both: the mean over times of the weighted spatial MSE.
 """
@@ -61,17 +63,17 @@ def acc_wb2(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.nda
 
 
 def acc_climax(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.ndarray, batch_size: int | None = None) -> float:
-    """ClimaX's pooled, batch-centred ACC; ``clim`` broadcasts against (time, lat, lon)."""
+    """ClimaX's pooled ACC (anomalies centred over the whole set); ``clim`` broadcasts against (time, lat, lon)."""
     fa = np.asarray(forecast, np.float64) - clim
     ta = np.asarray(truth, np.float64) - clim
+    fa = fa - fa.mean()
+    ta = ta - ta.mean()
     n = fa.shape[0]
     size = n if not batch_size else int(batch_size)
     values, counts = [], []
     for start in range(0, n, size):
         f = fa[start:start + size]
         t = ta[start:start + size]
-        f = f - f.mean()
-        t = t - t.mean()
         with np.errstate(invalid="ignore", divide="ignore"):
             values.append(np.sum(w * f * t) / np.sqrt(np.sum(w * f**2) * np.sum(w * t**2)))
         counts.append(f.shape[0])
