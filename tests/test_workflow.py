@@ -19,9 +19,10 @@ from dchag.store import open_store
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
 
-def snakemake(workdir: Path, *args: str, configfile: Path | None = None):
+def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None):
     cmd = [*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args]
-    cmd += ["--configfile", str(configfile or REPO / "config" / "config.yaml")]
+    files = configfile if isinstance(configfile, list) else [configfile or REPO / "config" / "config.yaml"]
+    cmd += ["--configfile", *map(str, files)]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
@@ -84,8 +85,10 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     check_report_in_browser(report, [Path(f).name for f in FIGURES_PNG])
     # The verification experiment, demo-sized (a named target, not part of `all`).
     extra = tmp_path / "verify.yaml"
-    extra.write_text("verify:\n  steps: 12\n")
-    verify = snakemake(tmp_path, "verify", "--configfile", str(REPO / "config" / "config.yaml"), str(extra))
+    extra.write_text("verify:\n  steps: 8\n")
+    missing = snakemake(tmp_path, "verify", "-n")
+    assert missing.returncode != 0 and "needs a 'verify' section" in missing.stderr + missing.stdout
+    verify = snakemake(tmp_path, "verify", configfile=[REPO / "config" / "config.yaml", extra])
     assert verify.returncode == 0, verify.stderr[-3000:]
     check_verification(tmp_path / "results" / "demo")
 
@@ -128,7 +131,7 @@ def check_verification(results: Path) -> None:
 
     verdict = pd.read_csv(results / "eval" / "verify" / "verdict.csv")
     assert list(verdict.run) == ["verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l"]
-    assert (verdict.steps == 12).all() and (verdict.step_s > 0).all() and (verdict.peak_mem_mib_max_rank > 0).all()
+    assert (verdict.steps == 8).all() and (verdict.step_s > 0).all() and (verdict.peak_mem_mib_max_rank > 0).all()
     assert verdict.set_index("run").verdict["verify-dp"] == "reference"
     assert set(verdict.verdict) <= {"reference", "adopt", "no: step time not 5% lower", "no: validation loss 5%+ worse"}
     assert (results / "figures" / "verify.png").stat().st_size > 10_000

@@ -197,6 +197,17 @@ def verify_runs():
 
 
 VERIFY_RUNS = verify_runs()
+
+
+def verify_inputs(wildcards):
+    if not VERIFY_RUNS:
+        raise WorkflowError(
+            "snakemake verify needs a 'verify' section in the config (e.g. `verify: {}`; keys in "
+            "workflow/schemas/config.schema.yaml)"
+        )
+    return [f"{RESULTS}/train/{run}/log.csv" for run in VERIFY_RUNS]
+
+
 ALL_RUNS = {**TRAIN_RUNS, **VERIFY_RUNS}
 
 

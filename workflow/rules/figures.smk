@@ -150,7 +150,7 @@ rule figures:
 # The verification experiment (config `verify`): a named target, not part of `all`.
 rule verify_report:
     input:
-        [f"{RESULTS}/train/{run}/log.csv" for run in VERIFY_RUNS],
+        verify_inputs,
     output:
         table=report(
             f"{EVAL_DIR}/verify/verdict.csv",
