@@ -455,13 +455,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--variables", nargs="+", required=True)
     sp.add_argument("--output", required=True)
 
+    def trained_run_args(sp):
+        config_arg(sp)
+        sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
+        sp.add_argument("--checkpoint", required=True, help="the run's final/ (or checkpoints/step_N) directory")
+        sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
+
     sp = add("forecast", cmd_forecast, "run a trained forecast model over a split: a WeatherBench-layout Zarr of forecasts")
-    config_arg(sp)
-    sp.add_argument("--run-name", dest="run", required=True)
-    sp.add_argument("--checkpoint", required=True, help="the run's final/ (or checkpoints/step_N) directory")
+    trained_run_args(sp)
     sp.add_argument("--data", required=True, help="normalised split store to initialise from")
     sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
-    sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
     sp.add_argument("--batch-size", type=int, default=32)
     sp.add_argument("--output", required=True)
 
@@ -500,18 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output", required=True, help="JSON")
 
     sp = add("evaluate-mae", cmd_evaluate_mae, "reconstruction scores of a masked-autoencoder run on the test tiles")
-    config_arg(sp)
-    sp.add_argument("--run-name", dest="run", required=True)
-    sp.add_argument("--checkpoint", required=True)
-    sp.add_argument("--data-root")
+    trained_run_args(sp)
     sp.add_argument("--output", required=True, help="JSON: masked-patch and full-tile scores")
     sp.add_argument("--samples", required=True, help=".npz of a few reconstructed tiles (for the figure)")
 
     sp = add("evaluate-classify", cmd_evaluate_classify, "classification scores of a run on the test patches, and its class map")
-    config_arg(sp)
-    sp.add_argument("--run-name", dest="run", required=True)
-    sp.add_argument("--checkpoint", required=True)
-    sp.add_argument("--data-root")
+    trained_run_args(sp)
     sp.add_argument("--output", required=True, help="JSON: OA, AA, kappa, per class, confusion matrix")
     sp.add_argument("--per-class", required=True, help="CSV: per-class table")
     sp.add_argument("--map", required=True, help=".npz: truth, predicted and split maps (for the figure)")

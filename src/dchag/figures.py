@@ -46,6 +46,17 @@ def _read_csv(path: str | Path, what: str) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
+def _load_runs(paths: list[str], what: str) -> dict[str, dict[str, np.ndarray]]:
+    """Every array of each run's .npz, by run name."""
+    runs = {}
+    for path in paths:
+        if not Path(path).exists():
+            raise InputError(f"{what} not found: {path}")
+        with np.load(path) as z:
+            runs[_run_name(path)] = {k: z[k] for k in z.files}
+    return runs
+
+
 def _run_name(path: str | Path) -> str:
     """results/<name>/train/<run>/log.csv -> <run>; other files: the stem after the last '_'."""
     p = Path(path)
@@ -199,12 +210,7 @@ def _stretch(cube: np.ndarray, idx: list[int], reference: np.ndarray) -> np.ndar
 def hsi_reconstruction(samples: list[str], output: str, tile: int = 0) -> Path:
     """For one held-out tile: the true false-colour image, the masked input, each run's
     reconstruction, and spectra at three sample pixels (true vs reconstructed)."""
-    runs = {}
-    for path in samples:
-        if not Path(path).exists():
-            raise InputError(f"reconstruction samples not found: {path}")
-        with np.load(path) as z:
-            runs[_run_name(path)] = {k: z[k] for k in z.files}
+    runs = _load_runs(samples, "reconstruction samples")
     first = next(iter(runs.values()))
     truth, mask, wl = first["truth"][tile], first["mask"][tile], first["wavelength"]
     idx = _rgb_bands(wl, truth.shape[0])
@@ -247,12 +253,7 @@ def hsi_reconstruction(samples: list[str], output: str, tile: int = 0) -> Path:
 def classification(maps: list[str], output: str) -> Path:
     """Ground truth, each run's predicted class map (every labelled pixel) and its test-set
     confusion matrix (row-normalised)."""
-    runs = {}
-    for path in maps:
-        if not Path(path).exists():
-            raise InputError(f"classification map not found: {path}")
-        with np.load(path) as z:
-            runs[_run_name(path)] = {k: z[k] for k in z.files}
+    runs = _load_runs(maps, "classification map")
     first = next(iter(runs.values()))
     names = [str(n) for n in first["class_names"]]
     k = len(names)

@@ -23,6 +23,15 @@ class InputError(ValueError):
     """An input file is missing or unreadable; the message names it."""
 
 
+@contextlib.contextmanager
+def _quiet_snakemake_timestamp():
+    """Silence zarr's warning about the ``.snakemake_timestamp`` file Snakemake leaves in
+    directory outputs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
+        yield
+
+
 def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr.Dataset:
     """Open a netCDF file or Zarr store lazily; with ``normalise_names`` the newer CDS names
     ``valid_time`` and ``pressure_level`` become ``time`` and ``level``."""
@@ -31,8 +40,7 @@ def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr
         raise InputError(f"{what} not found: {path}")
     try:
         if is_zarr:
-            with warnings.catch_warnings():  # Snakemake's .snakemake_timestamp inside directory outputs
-                warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
+            with _quiet_snakemake_timestamp():
                 ds = xr.open_zarr(path, consolidated=None if "://" in path else _has_consolidated(Path(path)), chunks=None)
         else:
             ds = xr.open_dataset(path, chunks=None, cache=False)
@@ -101,8 +109,7 @@ def channel_chunks(shape: tuple[int, ...], time_shard: int) -> dict:
 def open_zarr(path: str | os.PathLike, **kwargs) -> xr.Dataset:
     """xr.open_zarr for stores this package wrote (Zarr v3, not consolidated), quiet about the
     ``.snakemake_timestamp`` file Snakemake leaves in directory outputs."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
+    with _quiet_snakemake_timestamp():
         return xr.open_zarr(path, consolidated=False, **kwargs)
 
 

@@ -276,16 +276,7 @@ def all_outputs():
 
 
 # -- evaluation and figures ----------------------------------------------------------------
-EVAL = {
-    "lead_hours": [168, 336, 720],
-    "conventions": ["wb2", "climax"],
-    "climax_batch_size": None,
-    "inference_batch_size": 32,
-    "map_variable": None,
-    "model_benchmark": "benchmarks/results/model.json",
-    "compare": {},
-    **config.get("evaluate", {}),
-}
+EVAL = config["evaluate"]  # every key defaulted by the schema
 EVAL_DIR = f"{RESULTS}/eval"
 FIGURES = f"{RESULTS}/figures"
 BASELINE_FORECASTS = ("persistence", "climatology")
@@ -315,14 +306,9 @@ for _run in FORECAST_RUNS:
 
 def forecast_outputs():
     """The forecast variables (train.forecast.outputs, or the default five present)."""
-    from dchag.era5.source import channels_from_config
-    from dchag.model.build import DEFAULT_FORECAST_OUTPUTS
+    from dchag.model.build import era5_shape, forecast_outputs as outputs_of
 
-    outputs = TRAIN.get("forecast", {}).get("outputs")
-    if outputs:
-        return list(outputs)
-    names = [c.name for c in channels_from_config(ERA5)]
-    return [n for n in DEFAULT_FORECAST_OUTPUTS if n in names]
+    return outputs_of(config, era5_shape(config)[0])
 
 
 def comparisons():

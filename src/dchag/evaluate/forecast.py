@@ -19,11 +19,9 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import provenance
-from ..model import ChannelViT
 from ..store import InputError, open_store, write_zarr
-from ..train import checkpoint as ckpt
 from ..train.data import select_channels
-from ..train.trainer import Task, run_config
+from ..train.trainer import DEFAULT_LEAD_HOURS, load_trained
 
 
 log = logging.getLogger(__name__)
@@ -130,14 +128,8 @@ def model_forecast(config: dict, run: str, checkpoint: str, store: str, lead_hou
                    data_root: str | None = None, batch_size: int = 32) -> Path:
     """The trained model's forecasts from every initialisation time of ``store`` (a normalised
     split store) at each lead, on one device (the checkpoint's parallel layout is undone)."""
-    cfg = run_config(config, run)
-    if cfg["task"] != "forecast":
-        raise ForecastError(f"run {run!r} is a {cfg['task']} run, not a forecast run")
-    task = Task(cfg, Path(data_root) if data_root else Path("results") / config["name"])
-    model = ChannelViT(task.model_cfg)
-    ckpt.load_weights(model, checkpoint)
-    model.eval()
-    trained = cfg["train"].get("forecast", {}).get("lead_hours", [24, 720])
+    cfg, task, model = load_trained(config, run, checkpoint, "forecast", data_root)
+    trained = cfg["train"].get("forecast", {}).get("lead_hours", DEFAULT_LEAD_HOURS)
     outside = [h for h in lead_hours if not trained[0] <= h <= trained[-1]]
     if outside:
         log.warning("run %s was trained on lead times %s-%s h; %s h lie outside (extrapolation)", run, trained[0], trained[-1], outside)

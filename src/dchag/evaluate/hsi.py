@@ -22,20 +22,9 @@ from tqdm.auto import tqdm
 from .. import provenance
 from ..model import ChannelViT, random_masking
 from ..store import atomic_path
-from ..train import checkpoint as ckpt
 from ..train.data import open_array, store_info
-from ..train.trainer import Task, run_config
+from ..train.trainer import load_trained
 from . import classification, recon
-
-
-def _model(config: dict, run: str, checkpoint: str, data_root: str | None, task: str) -> tuple[dict, Task, ChannelViT]:
-    cfg = run_config(config, run)
-    if cfg["task"] != task:
-        raise recon.ReconError(f"run {run!r} is a {cfg['task']} run, not a {task} run")
-    t = Task(cfg, Path(data_root) if data_root else Path("results") / config["name"])
-    model = ChannelViT(t.model_cfg)
-    ckpt.load_weights(model, checkpoint)
-    return cfg, t, model.eval()
 
 
 def _band_stats(store: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +35,7 @@ def _band_stats(store: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 
 def evaluate_mae(config: dict, run: str, checkpoint: str, output: str, samples: str, data_root: str | None = None,
                  batch_size: int = 16, keep: int = 4) -> dict:
-    cfg, task, model = _model(config, run, checkpoint, data_root, "mae")
+    cfg, task, model = load_trained(config, run, checkpoint, "mae", data_root)
     store = task.store["train"]
     tiles = open_array(store, "test/tiles")
     if tiles.shape[0] == 0:
@@ -94,7 +83,7 @@ def _predict(model: ChannelViT, array: zarr.Array, batch_size: int, desc: str) -
 
 def evaluate_classification(config: dict, run: str, checkpoint: str, output: str, per_class: str, class_map: str,
                             data_root: str | None = None, batch_size: int = 256) -> dict:
-    cfg, task, model = _model(config, run, checkpoint, data_root, "classify")
+    cfg, task, model = load_trained(config, run, checkpoint, "classify", data_root)
     store = task.store["train"]
     names = store_info(store, "train").get("class_names") or task.class_names
     preds, labels, rows, cols, splits = {}, {}, {}, {}, {}

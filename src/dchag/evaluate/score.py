@@ -117,9 +117,10 @@ def score_files(forecast: str, truth: str, climatology: str | None = None, conve
             raise ScoreError(f"{name} {path} has no time dimension (dims: {dict(ds.sizes)})")
     lead_dim, leads = _forecast_leads(fds, forecast, lead_hours)
     fds = _check_grids(fds, tds, forecast, truth, regrid)
-    if cds is not None and not grid_of(cds, climatology, require_global=False).same_as(grid_of(tds, truth, require_global=False)):
-        raise GridError(f"climatology {climatology} is on grid {grid_of(cds, climatology, require_global=False).describe()} "
-                        f"but truth {truth} is on {grid_of(tds, truth, require_global=False).describe()}")
+    if cds is not None:
+        cgrid, tgrid = grid_of(cds, climatology, require_global=False), grid_of(tds, truth, require_global=False)
+        if not cgrid.same_as(tgrid):
+            raise GridError(f"climatology {climatology} is on grid {cgrid.describe()} but truth {truth} is on {tgrid.describe()}")
 
     fvars = sorted(v for v in fds.data_vars if {"time", "lat", "lon"} <= set(fds[v].dims))  # store order is arbitrary
     wanted = list(variables or fvars)

@@ -8,6 +8,12 @@ from .model import ModelConfig
 DEFAULT_FORECAST_OUTPUTS = ("z500", "t850", "t2m", "u10", "v10")
 
 
+def forecast_outputs(config: dict, names: list[str]) -> list[str]:
+    """The forecast variables: train.forecast.outputs, or the default five that are among ``names``."""
+    outputs = config.get("train", {}).get("forecast", {}).get("outputs")
+    return list(outputs) if outputs else [n for n in DEFAULT_FORECAST_OUTPUTS if n in names]
+
+
 def era5_shape(config: dict) -> tuple[list[str], tuple[int, int]]:
     from ..era5.source import channels_from_config
     from ..grids import weatherbench_grid

@@ -29,14 +29,17 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class CompressionHook:
-    def __init__(self, kind: str, process_group=None, powersgd_rank: int = 2):
+    def __init__(self, kind: str, process_group=None, powersgd_rank: int = 2, timed: bool = False):
         if kind not in (*HOOKS[1:], "allreduce"):
             raise ValueError(f"parallel.comm_hook {kind!r}: expected one of {', '.join(HOOKS)}")
         self.kind = kind
         self.active = kind
         self.group = process_group
         self.residuals: dict[int, torch.Tensor] = {}
-        self.seconds = 0.0  # in collectives, waited for (DDP runs hooks outside the trainer's collective timer)
+        # With ``timed``, each bucket's collective is waited for and its time kept (DDP runs hooks
+        # outside the trainer's collective timer); without, the future is returned unwaited.
+        self.timed = timed
+        self.seconds = 0.0
         self.fell_back_at: int | None = None
         self.powersgd = (psgd.PowerSGDState(process_group=process_group, matrix_approximation_rank=powersgd_rank,
                                             start_powerSGD_iter=2) if kind == "powersgd" else None)
@@ -55,6 +58,8 @@ class CompressionHook:
 
     @staticmethod
     def hook(state: "CompressionHook", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if not state.timed:
+            return state._dispatch(bucket)
         t0 = time.perf_counter()
         fut = state._dispatch(bucket)
         fut.wait()

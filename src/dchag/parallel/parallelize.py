@@ -137,7 +137,8 @@ def parallelize_model(
             if comm_hook != "none" or timed_ddp:
                 from .compression import CompressionHook
 
-                hook = CompressionHook(comm_hook if comm_hook != "none" else "allreduce", mesh["dp"].get_group(), powersgd_rank)
+                hook = CompressionHook(comm_hook if comm_hook != "none" else "allreduce", mesh["dp"].get_group(), powersgd_rank,
+                                       timed=timed_ddp)
                 ddp.register_comm_hook(hook, CompressionHook.hook)
                 ddp.comm_hook_state = hook
                 if comm_hook != "none":

@@ -131,11 +131,15 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path) -> Path:
     return directory
 
 
+def _saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
+    meta = SafeReader(str(directory)).read_metadata()
+    return {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
+
+
 def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
     """Raise CheckpointError listing keys missing from the checkpoint, unexpected in it, or of
     another shape, before anything is loaded."""
-    meta = SafeReader(str(directory)).read_metadata()
-    saved = {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
+    saved = _saved_shapes(directory)
     wanted = {k: tuple(v.shape) for k, v in tensors.items() if not k.startswith("rng.")}
     everyone = set(wanted)  # D-CHAG ranks hold different keys: "unexpected" is against all of them
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -195,8 +199,7 @@ def load_weights(model: nn.Module, directory: str | Path) -> None:
     directory = Path(directory)
     if not (directory / ".metadata").exists():
         raise CheckpointError(f"{directory} is not a complete checkpoint (no .metadata)")
-    meta = SafeReader(str(directory)).read_metadata()
-    saved = {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
+    saved = _saved_shapes(directory)
     blocks: dict[str, list[tuple[int, int, str]]] = {}
     for key in saved:
         m = _BLOCK.fullmatch(key)

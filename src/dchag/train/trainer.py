@@ -38,6 +38,7 @@ from .data import DataError, ForecastDataset, ResumableSampler, SampleDataset, o
 
 RANK_FIELDS = ["samples_per_s", "peak_mem_mib", "t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]
 TASK_STORES = {"forecast": "era5", "mae": "hsi/mae.zarr", "classify": "hsi/classification.zarr"}
+DEFAULT_LEAD_HOURS = (24, 720)  # train.forecast.lead_hours: the paper's random lead of 1-720 h, daily steps
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -61,6 +62,24 @@ def run_config(config: dict, run: str) -> dict:
     merged["task"] = spec["task"]
     merged["run"] = run
     return merged
+
+
+def data_root_of(config: dict, data_root: str | Path | None) -> Path:
+    """Where the preprocessed stores are: the given folder, or results/<name>."""
+    return Path(data_root) if data_root else Path("results") / config["name"]
+
+
+def load_trained(config: dict, run: str, checkpoint: str | Path, task: str,
+                 data_root: str | Path | None = None) -> tuple[dict, "Task", ChannelViT]:
+    """A run's trained model on one device, in eval mode (its parallel layout undone), with
+    the run's config and task."""
+    cfg = run_config(config, run)
+    if cfg["task"] != task:
+        raise ConfigError(f"run {run!r} is a {cfg['task']} run, not a {task} run")
+    t = Task(cfg, data_root_of(config, data_root))
+    model = ChannelViT(t.model_cfg)
+    ckpt.load_weights(model, checkpoint)
+    return cfg, t, model.eval()
 
 
 def lat_weights(store: str | Path) -> torch.Tensor:
@@ -89,10 +108,10 @@ class Task:
         self.train_cfg = cfg["train"]
         self.results = results
         if self.name == "forecast":
-            from ..model.build import DEFAULT_FORECAST_OUTPUTS, era5_shape
+            from ..model.build import era5_shape, forecast_outputs
 
             names, shape = era5_shape(cfg)
-            outputs = self.train_cfg.get("forecast", {}).get("outputs") or [n for n in DEFAULT_FORECAST_OUTPUTS if n in names]
+            outputs = forecast_outputs(cfg, names)
             missing = [o for o in outputs if o not in names]
             if missing:
                 raise ConfigError(f"config key 'train.forecast.outputs': {missing} are not input channels ({', '.join(names)})")
@@ -117,7 +136,7 @@ class Task:
 
     def dataset(self, split: str, rank_channels: list[int], seed: int):
         if self.name == "forecast":
-            lead = tuple(self.train_cfg.get("forecast", {}).get("lead_hours", [24, 720]))
+            lead = tuple(self.train_cfg.get("forecast", {}).get("lead_hours", DEFAULT_LEAD_HOURS))
             return ForecastDataset(self.store[split], self.channels, rank_channels, self.outputs, lead, seed)
         return SampleDataset(self.store[split], split, self.var, rank_channels, self.model_cfg.in_channels)
 
@@ -203,7 +222,7 @@ class Trainer:
         self.rank = dist.get_rank()
         t = self.cfg["train"]
         self.seed = int(t.get("seed", 0))
-        self.task = Task(self.cfg, Path(data_root) if data_root else Path("results") / config["name"])
+        self.task = Task(self.cfg, data_root_of(config, data_root))
         torch.manual_seed(self.seed)
         model = ChannelViT(self.task.model_cfg)
         strategy = par.get("strategy", "dchag")
