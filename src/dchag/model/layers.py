@@ -82,8 +82,11 @@ class ChannelTokenizer(nn.Module):
         if c != weight.shape[0]:
             raise ValueError(f"tokenizer holds {weight.shape[0]} channels here, input has {c}")
         patches = x.reshape(b, c, h // p, p, w // p, p).permute(0, 1, 2, 4, 3, 5).reshape(b, c, -1, p * p)
-        tokens = torch.einsum("bclk,cdk->bcld", patches, weight) + self.bias[channels][None, :, None, :]
-        return tokens + self.channel_embedding()[channels][None, :, None, :]
+        # Bias and channel embedding ride in the matmul as a column of ones: one contiguous
+        # batched matmul over (b, c), no separate full-size additions or reductions over them.
+        patches = torch.cat([patches, patches.new_ones(*patches.shape[:-1], 1)], dim=-1)
+        shift = self.bias[channels] + self.channel_embedding()[channels]
+        return torch.matmul(patches, torch.cat([weight, shift[..., None]], dim=-1).transpose(1, 2))
 
 
 class CrossAttention(nn.Module):
@@ -143,7 +146,10 @@ class LinearAggregator(nn.Module):
             self.mix.bias.zero_()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bsld,s->bld", tokens, self.mix.weight[0]) + self.mix.bias
+        # (1, S) @ (S, L*D) per sample: reads the tokens in place (an einsum here transposes them)
+        b, s, l, d = tokens.shape
+        mixed = torch.bmm(self.mix.weight.expand(b, 1, s), tokens.reshape(b, s, l * d))
+        return mixed.reshape(b, l, d) + self.mix.bias
 
 
 class PartialAggregator(nn.Module):

@@ -128,16 +128,14 @@ class ChannelViT(nn.Module):
     def aggregate(self, x: torch.Tensor, active_groups: list[int] | None = None) -> torch.Tensor:
         """(B, C_held, H, W) -> (B, L, D). With ``active_groups`` (channel-subset rotation, one
         device) only those groups' channels are tokenized and aggregated."""
-        if active_groups is not None:
-            if self.partial is None or self.group_gather is not None:
-                raise ValueError("channel-subset rotation needs a hierarchical model on one device (no D-CHAG gather)")
-            parts = [self.partial[key](self.tokenizer(x[:, lo:hi], slice(lo, hi)))
-                     for key, lo, hi in self.local_groups if int(key) in active_groups]
-            return self.final(torch.stack(parts, dim=1))
-        tokens = self.tokenizer(x)
+        if active_groups is not None and (self.partial is None or self.group_gather is not None):
+            raise ValueError("channel-subset rotation needs a hierarchical model on one device (no D-CHAG gather)")
         if self.partial is None:
-            return self.final(tokens)
-        parts = torch.stack([self.partial[key](tokens[:, lo:hi]) for key, lo, hi in self.local_groups], dim=1)
+            return self.final(self.tokenizer(x))
+        # Each group is tokenized on its own: its tokens are contiguous for its aggregator, and
+        # no full-size token tensor is sliced (whose gradient would be zero-filled per group).
+        parts = torch.stack([self.partial[key](self.tokenizer(x[:, lo:hi], slice(lo, hi))) for key, lo, hi in self.local_groups
+                             if active_groups is None or int(key) in active_groups], dim=1)
         if self.group_gather is not None:
             parts = self.group_gather(parts)
         return self.final(parts)
