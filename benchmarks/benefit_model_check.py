@@ -1,14 +1,13 @@
 """The benefit model's predictions against measurement on this machine.
 
-One run: `dchag calibrate` (torchrun, 2 processes: α, bandwidth, FLOP/s of the demo model), then
+One run: for each TP size T, `dchag calibrate` under torchrun with T processes (α, bandwidth,
+the processor's rates with T processes sharing the machine, as in the measured jobs, and the
+efficiency, set on the one-device model with 128 channels: none of the checked configurations), then
 benchmarks/model_benchmark.py's measurements of the baseline TP and D-CHAG-L/-C (Tree0/Tree2)
 over channels and TP sizes, then the cost model's prediction of each configuration's step time
 and per-rank peak memory beside the measurement, with the relative error and its median.
 
     python benchmarks/benefit_model_check.py --tp 1 2 4 --channels 64 256 1024 --output benchmarks/results/benefit_model_check
-
-Compute rate per rank: the calibrated rate of a 2-process job (one core each) times the cores
-a rank gets (cores / processes: the benchmark runs T processes on this machine's cores).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from dchag.benefit.costmodel import Workload, predict  # noqa: E402
-from dchag.benefit.hardware import Hardware  # noqa: E402
+from dchag.benefit.hardware import Compute, Hardware  # noqa: E402
 
 MIB = 2**20
 STRATEGY = {"baseline": "tp", "D-CHAG-L": "dchag-l", "D-CHAG-C": "dchag-c"}
@@ -35,34 +34,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--channels", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
     ap.add_argument("--output", default="benchmarks/results/benefit_model_check")
     args = ap.parse_args()
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    hw_file = out.with_name(out.name + "_hw.yaml")
-    # The demo config's model is the model benchmark's: width 64, depth 2, heads 4, 32x64 image, patch 4.
-    subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "dchag", "calibrate",
-                    "--config", str(REPO / "config" / "config.yaml"), "--channels", "256", "--batch", "2", "--output", str(hw_file)], env=env, check=True)
+    hws = {}
+    for t in args.tp:
+        hw_file = out.with_name(f"{out.name}_hw_tp{t}.yaml")
+        # the demo config's model is the model benchmark's: width 64, depth 2, heads 4, 32x64 image, patch 4;
+        # its efficiency is set on 128 channels, data-parallel layout: none of the checked configurations
+        subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", str(t), "-m", "dchag", "calibrate",
+                        "--config", str(REPO / "config" / "config.yaml"), "--channels", "128", "--batch", "2", "--output",
+                        str(hw_file)], env=env, check=True)
+        hws[t] = Hardware.from_yaml(hw_file)
     bench = out.with_name(out.name + "_measured")
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "model_benchmark.py"), "--tp", *map(str, args.tp),
-                    "--channels", *map(str, args.channels), "--output", str(bench)], env=env, check=True)
-    hw = Hardware.from_yaml(hw_file)
+                    "--channels", *map(str, args.channels), "--steps", str(args.steps), "--output", str(bench)], env=env, check=True)
     measured = json.loads(bench.with_suffix(".json").read_text())
-    rate2 = hw.measured["compute"]["flops_per_s"]
-    cores = os.cpu_count() or 1
     rows = []
     for r in measured["rows"]:
         kind, tree = r["variant"].split(" Tree") if " Tree" in r["variant"] else (r["variant"], "0")
         t = r["tp"]
         w = Workload(channels=r["channels"], embed_dim=64, depth=2, num_heads=4, tokens=128, patch_size=4, batch=2,
                      act_bytes=4, out_channels=3, tree=int(tree))
-        rate = rate2 * (cores / t) / (cores / 2)  # calibrated with 2 processes on this machine
+        hw = hws[t]
         hw_t = Hardware(hw.alpha, hw.intra_bw, hw.inter_bw, gpus_per_node=max(t, 1))
-        p = predict(w, hw_t, t, t, STRATEGY[kind], rate, tp=t)
+        p = predict(w, hw_t, t, t, STRATEGY[kind], Compute.from_measured(hw.measured), tp=t)
         m_step, m_mem = r["model"]["step_seconds"], r["model"]["max_rank_total"]
         rows.append({"variant": r["variant"], "channels": r["channels"], "tp": t, "measured_step_s": m_step, "predicted_step_s": p.step_s,
+                     "predicted_compute_s": p.compute_s, "predicted_comm_s": p.comm_s,
                      "step_error": p.step_s / m_step - 1, "measured_mem_mib": m_mem, "predicted_mem_mib": p.memory_bytes / MIB,
                      "mem_error": p.memory_bytes / MIB / m_mem - 1})
     med_step = statistics.median(abs(r["step_error"]) for r in rows)
@@ -71,18 +74,23 @@ def main() -> None:
     lines = [
         "# Benefit model vs measurement (this machine: CPU, gloo)", "",
         f"Command: `{cmd}`  ",
-        f"Calibration (2 processes): α {hw.alpha * 1e6:.0f} µs, bandwidth {hw.intra_bw / 1e9:.2f} GB/s, "
-        f"{rate2 / 1e9:.2f} GFLOP/s per process; measurements: benchmarks/model_benchmark.py in the same run.  ",
+        "Calibration: `dchag calibrate` with T processes for each T (files *_hw_tp{T}.yaml): "
+        + "; ".join(f"T={t}: α {h.alpha * 1e6:.0f} µs, {h.intra_bw / 1e9:.2f} GB/s, "
+                    f"{h.measured['compute']['flops_per_s'] / 1e9:.0f} GFLOP/s, {h.measured['compute']['mem_bw'] / 1e9:.1f} GB/s "
+                    f"(largest tensors), {h.measured['compute']['op_s'] * 1e6:.1f} µs/op, efficiency "
+                    f"{h.measured['compute']['efficiency']:.2f}" for t, h in hws.items())
+        + "; measurements: benchmarks/model_benchmark.py in the same run.  ",
         f"Median |error|: step time {med_step:.1%}, peak memory per rank {med_mem:.1%} ({len(rows)} configurations).", "",
-        "| variant | C | T | step s measured | predicted | error | memory MiB measured | predicted | error |",
+        "| variant | C | T | step s measured | predicted (compute + comm) | error | memory MiB measured | predicted | error |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['variant']} | {r['channels']} | {r['tp']} | {r['measured_step_s']:.4f} | {r['predicted_step_s']:.4f} | "
+        lines.append(f"| {r['variant']} | {r['channels']} | {r['tp']} | {r['measured_step_s']:.4f} | {r['predicted_step_s']:.4f} "
+                     f"({r['predicted_compute_s']:.4f} + {r['predicted_comm_s']:.4f}) | "
                      f"{r['step_error']:+.0%} | {r['measured_mem_mib']:.1f} | {r['predicted_mem_mib']:.1f} | {r['mem_error']:+.0%} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps({"command": cmd, "median_step_error": med_step, "median_memory_error": med_mem,
-                                                    "hardware": str(hw_file), "rows": rows}, indent=1))
+                                                    "hardware": {t: f"{out.name}_hw_tp{t}.yaml" for t in hws}, "rows": rows}, indent=1))
     print("\n".join(lines))
 
 

@@ -113,3 +113,57 @@ def test_memory_model_predicts_the_papers_table_within_25_percent():
     by = {(r["model"], r["channels"], r["tp"], r["variant"]): r["predicted_gb"] for r in rows}
     assert by["1.7B", 1024, 8, "D-CHAG-L"] < by["1.7B", 1024, 8, "D-CHAG-C"] < 0.5 * by["1.7B", 1024, 8, "baseline"]
     assert by["1.7B", 512, 2, "D-CHAG-C"] > 0.9 * by["1.7B", 512, 2, "baseline"]
+
+
+@pytest.mark.parametrize("aggregation,tree", [("baseline", 0), ("linear", 0), ("linear", 2), ("cross", 2)])
+def test_compute_model_counts_match_the_model_it_describes(aggregation, tree):
+    """The cost model's FLOPs, bytes and operators of a training step (forward, backward,
+    AdamW) against a count of the real one-device model's operators, at sizes the per-channel
+    and per-block counts were not taken at (width 48, 3 blocks, batch 3, 24 channels in 4 groups)."""
+    import torch
+
+    from dchag.benefit.costmodel import compute_seconds
+    from dchag.benefit.hardware import Compute
+    from dchag.benefit.trace import count
+    from dchag.model import ChannelViT, ModelConfig
+
+    c, groups, b = 24, (1 if aggregation == "baseline" else 4), 3
+    cfg = ModelConfig(in_channels=c, img_size=(16, 48), patch_size=4, embed_dim=48, depth=3, num_heads=4, aggregation=aggregation,
+                      groups=groups, tree=tree, task="forecast", out_channels=[0, 1])
+    torch.manual_seed(0)
+    model = ChannelViT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, lead, target = torch.randn(b, c, 16, 48), torch.full((b,), 24.0), torch.randn(b, 2, 16, 48)
+
+    def step():
+        ((model(x, lead) - target) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # AdamW's state exists from here on
+    real = count(step)
+    w = Workload(channels=c, embed_dim=48, depth=3, num_heads=4, tokens=cfg.num_patches, patch_size=4, batch=b, act_bytes=4,
+                 out_channels=2, tree=tree)
+    params = sum(p.numel() for p in model.parameters())
+    assert w.params(aggregation, groups) == pytest.approx(params, rel=0.02)
+    parts = w.step_work(c, aggregation, groups, 1, groups, params)
+    total = {k: sum(getattr(p, k) for p in parts) for k in ("flops", "mm_bytes", "bytes", "ops", "views")}
+    assert total["flops"] == pytest.approx(real.flops, rel=0.05)
+    assert total["mm_bytes"] == pytest.approx(real.mm_bytes, rel=0.2)
+    assert total["bytes"] == pytest.approx(real.bytes, rel=0.15)
+    assert total["ops"] == pytest.approx(real.ops, rel=0.1)
+    assert total["views"] == pytest.approx(real.views, rel=0.15)
+    # and the time adds up those counts at the given rates: FLOP-only when nothing else is known
+    assert compute_seconds(parts, 1e9) == pytest.approx(total["flops"] / 1e9)
+    rates = Compute(1e12, mem_bw=1e9, op_s=1e-5)
+    expected = total["flops"] / 1e12 + (total["mm_bytes"] + total["bytes"]) / 1e9 + (total["ops"] + total["views"]) * 1e-5
+    assert compute_seconds(parts, rates) == pytest.approx(expected)
+
+
+def test_bandwidth_curve_interpolates_by_tensor_size():
+    from dchag.benefit.hardware import Compute
+
+    c = Compute(1e12, mem_curve=[[2**20, 40e9], [2**26, 10e9]])
+    assert c.bandwidth(1e3) == 40e9 and c.bandwidth(2**30) == 10e9
+    assert c.bandwidth(2**23) == pytest.approx(25e9)  # halfway in log size
+    assert Compute(1e12, mem_bw=5e9).bandwidth(1e9) == 5e9

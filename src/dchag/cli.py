@@ -277,7 +277,9 @@ def cmd_calibrate(args) -> None:
     hw = calibrate(cfg, args.output, repeats=args.repeats, channels=args.channels, batch=args.batch)
     if hw is not None:
         print(f"alpha {hw.alpha * 1e6:.1f} us, intra {hw.intra_bw / 1e9:.3f} GB/s, inter {hw.inter_bw / 1e9:.3f} GB/s"
-              + (f", compute {hw.measured['compute']['flops_per_s'] / 1e9:.2f} GFLOP/s" if "compute" in hw.measured else "")
+              + (", compute {flops_per_s:.3g} FLOP/s, memory {mem_bw:.3g} B/s, {op_s:.2g} s/op; model step {model_step_s:.4f} s "
+                 "measured, {microbenchmark_step_s:.4f} s from the microbenchmarks (efficiency {efficiency:.2f})"
+                 .format(**hw.measured["compute"]) if "compute" in hw.measured else "")
               + f" -> {args.output}")
 
 
@@ -305,8 +307,14 @@ def cmd_advise(args) -> None:
         from .config import load_config
 
         w = workload_from_config(load_config(args.model), args.channels, args.batch, tuple(args.image) if args.image else None)
-        rate = args.flops_per_s or hw.measured.get("compute", {}).get("flops_per_s")
-        if not rate:
+        from dataclasses import replace
+
+        from .benefit.hardware import Compute
+
+        rate = Compute.from_measured(hw.measured)
+        if args.flops_per_s:
+            rate = replace(rate, flops_per_s=args.flops_per_s) if rate else Compute(args.flops_per_s)
+        if rate is None:
             raise ConfigError("no compute rate: pass --flops-per-s, or a --hardware profile calibrated with --config")
         result = adv.advise(w, hw, args.gpus, args.gpus_per_node, rate, args.gpu_memory_gb * 1e9 if args.gpu_memory_gb else None)
     print(adv.format_table(result))
@@ -537,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", type=int, help="micro-batch per GPU (default: train.batch_size)")
     sp.add_argument("--gpus", type=int, required=True)
     sp.add_argument("--gpus-per-node", type=int, required=True)
-    sp.add_argument("--flops-per-s", type=float, help="sustained FLOP/s per GPU (default: the profile's measured rate)")
+    sp.add_argument("--flops-per-s", type=float, help="sustained matmul FLOP/s per GPU (default: the profile's measured rate; "
+                    "without a profile's other rates the model counts FLOPs only)")
     sp.add_argument("--gpu-memory-gb", type=float, help="memory per GPU: strategies that do not fit are not recommended")
     sp.add_argument("--gradient-bytes", type=float, help="the seed article's model: gradient bytes per step (with --compute-s)")
     sp.add_argument("--compute-s", type=float, help="the seed article's model: compute time per step")

@@ -14,12 +14,12 @@ experiment's rule); otherwise stay with data parallelism.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..store import atomic_path
 from .costmodel import STRATEGIES, Prediction, Workload, article_ratio, predict
-from .hardware import Hardware
+from .hardware import Compute, Hardware
 
 ADOPT_THRESHOLD = 0.05
 
@@ -30,7 +30,7 @@ def regime(dp: Prediction, latency_s: float) -> str:
     return "latency-bound" if latency_s > dp.comm_s - latency_s else "communication-bound"
 
 
-def advise(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate: float, memory_bytes: float | None = None,
+def advise(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate: Compute | float, memory_bytes: float | None = None,
            strategies: tuple[str, ...] = STRATEGIES) -> dict:
     rows = []
     for s in strategies:
@@ -71,7 +71,7 @@ def advise(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate: float
         reasons.append("latency-bound: fewer synchronisations help most (larger buckets, gradient accumulation, local SGD)")
     return {"regime": reg, "recommendation": choice, "reasons": reasons, "table": table,
             "inputs": {"gpus": gpus, "gpus_per_node": gpus_per_node, "alpha_s": hw.alpha, "intra_bw": hw.intra_bw,
-                       "inter_bw": hw.inter_bw, "flops_per_s": rate, "memory_gb": memory_bytes / 1e9 if memory_bytes else None,
+                       "inter_bw": hw.inter_bw, "compute": asdict(rate) if isinstance(rate, Compute) else {"flops_per_s": rate}, "memory_gb": memory_bytes / 1e9 if memory_bytes else None,
                        "workload": w.__dict__}}
 
 

@@ -3,9 +3,14 @@
 Run under torchrun (gloo on the CPU, NCCL on GPUs). All-reduce and all-gather are timed over a
 range of message sizes on the whole group and, when the group spans nodes, on one node's
 ranks (intra) and on one rank per node (inter); each is fitted to T = a + V/BW, V the bytes a
-rank sends in the ring algorithm, and a = (ring steps) x α. The compute time of one training
-step (forward + backward) of the configured model, on each rank at once, gives the sustained
-FLOP/s the cost model divides by.
+rank sends in the ring algorithm, and a = (ring steps) x α. With a config, the processor's
+rates the compute model uses (hardware.Compute) are measured on every rank at once: matmul
+FLOP/s at the model's MLP shape, streaming bandwidth into fresh tensors by size, the fixed cost
+per operator or view (small modules forward and backward), and DTensor's extra cost per
+tensor-parallel linear layer and per parameter in the optimizer.
+Then one training step (AdamW) of the configured model, data-parallel layout, is timed; its
+ratio to the step those rates predict for it (``model_step_s`` / ``microbenchmark_step_s``) is
+the profile's ``efficiency``. One process is allowed: no collectives are timed then.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from .costmodel import Workload
-from .hardware import Hardware
+from .hardware import Compute, Hardware
+from .trace import count
 
 
 def workload_from_config(config: dict, channels: int | None = None, batch: int | None = None,
@@ -40,14 +46,19 @@ def workload_from_config(config: dict, channels: int | None = None, batch: int |
                     act_bytes=act_bytes, out_channels=len(cfg.out_channels) or 5, tree=m.get("tree", 0))
 
 
-def _time(fn, repeats: int, group=None) -> float:
+def _time(fn, repeats: int, group=None, min_s: float = 0.0) -> float:
+    """Seconds per call of ``fn``, every rank at once; calls are repeated inside a sample until
+    it lasts ``min_s`` (short calls would otherwise time the wake-up after the barrier)."""
+    t0 = time.perf_counter()
     fn()  # warm-up
+    inner = max(1, int(min_s / max(time.perf_counter() - t0, 1e-7)))
     times = []
     for _ in range(repeats):
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - t0) / inner)
     # the slowest rank decides: take the maximum over ranks of each rank's median
     t = torch.tensor([statistics.median(times)], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
@@ -88,28 +99,85 @@ def fit(points: list[tuple[int, float]], n: int, kind: str) -> dict:
             "points": [[int(s), float(x)] for s, x in points]}
 
 
-def _compute(config: dict, device: torch.device, channels: int | None, batch: int | None, steps: int) -> dict:
+def _per_op(fn, n: int = 200) -> float:
+    """Seconds per call of a tiny ``fn`` (a fixed cost, not a rate)."""
+    for _ in range(10):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _processor(w: Workload, device: torch.device, repeats: int) -> dict:
+    """The rates the compute model divides by, measured on every rank at once (they share the
+    node's cores and memory as the ranks of a training job do)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    m, k, n = w.batch * w.tokens, w.embed_dim, int(w.mlp_ratio * w.embed_dim)
+    a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+    matmul_s = _time(lambda: (torch.mm(a, b), _sync(device)), repeats, min_s=0.05)
+    def stream(size: int) -> float:
+        x, y = (torch.ones(size // 4, device=device) for _ in range(2))
+        return 3 * size / _time(lambda: (x + y, _sync(device)), repeats, min_s=0.05)  # a fresh output, as in training
+
+    curve = [[size, stream(size)] for size in [2**k for k in range(18, (28 if device.type == "cpu" else 30) + 1, 2)]]
+    # Fixed cost per operator (or view) in training: small modules forward and backward, the
+    # way a model's operators run (module calls, autograd graph), divided by the operators and
+    # views the trace counts in it.
+    torch.manual_seed(0)
+    chain = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())]).to(device)
+    small = torch.randn(4, 8, device=device)
+    run_chain = lambda: (chain(small).sum().backward(), _sync(device))  # noqa: E731
+    counted = count(run_chain)
+    op_s = _per_op(run_chain, 50) / (counted.ops + counted.views)
+    # Tensor-parallel (DTensor) overheads on a one-rank mesh per rank: no communication, only
+    # the wrapping, sharding propagation and per-parameter optimizer cost of DTensor.
+    solo = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("others", "solo"))["solo"]
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)).to(device)
+    tp = parallelize_module(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)).to(device), solo,
+                            {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    inp = torch.randn(4, 16, device=device)
+    tp_linear_s = max(0.0, (_per_op(lambda: tp(inp).sum().backward(), 50) - _per_op(lambda: plain(inp).sum().backward(), 50)) / 2)
+    opt_plain, opt_tp = torch.optim.AdamW(plain.parameters()), torch.optim.AdamW(tp.parameters())
+    dtensor_param_s = max(0.0, (_per_op(opt_tp.step, 50) - _per_op(opt_plain.step, 50)) / 4)
+    worst = torch.tensor([matmul_s, op_s, tp_linear_s, dtensor_param_s], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank decides
+    matmul_s, op_s, tp_linear_s, dtensor_param_s = worst.tolist()
+    bws = torch.tensor([bw for _, bw in curve], dtype=torch.float64)
+    dist.all_reduce(bws, op=dist.ReduceOp.MIN)
+    curve = [[size, float(bw)] for (size, _), bw in zip(curve, bws)]
+    return {"flops_per_s": 2 * m * k * n / matmul_s, "matmul": [m, k, n], "mem_bw": curve[-1][1], "mem_curve": curve,
+            "op_s": op_s, "tp_linear_s": tp_linear_s, "dtensor_param_s": dtensor_param_s}
+
+
+def _model_step(config: dict, w: Workload, device: torch.device, channels: int | None, steps: int) -> float:
+    """Seconds of one training step (AdamW) of the config's data-parallel (one-device) model."""
     from ..model import ChannelViT
     from ..model.build import model_config
 
     cfg = model_config(config, "forecast", in_channels=channels)
-    cfg.aggregation, cfg.groups = "baseline", 1  # the data-parallel (one-device) model
+    cfg.aggregation, cfg.groups = "baseline", 1
     model = ChannelViT(cfg).to(device)
-    b = batch or int(config.get("train", {}).get("batch_size", 8))
-    x = torch.randn(b, cfg.in_channels, *cfg.img_size, device=device)
-    lead = torch.full((b,), 24.0, device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(w.batch, cfg.in_channels, *cfg.img_size, device=device)
+    lead = torch.full((w.batch,), 24.0, device=device)
 
     def step():
-        model.zero_grad(set_to_none=True)
         model(x, lead).float().pow(2).mean().backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
 
-    step_s = _time(step, steps)
-    w = workload_from_config(config, channels, b, act_bytes=4 if device.type == "cpu" else 2)
-    flops = 3 * (w.front_flops(w.channels, "baseline", 1) + w.backbone_flops() + w.head_flops())
-    return {"step_s": step_s, "train_flops": flops, "flops_per_s": flops / step_s, "batch": b, "channels": cfg.in_channels,
-            "image": list(cfg.img_size), "embed_dim": cfg.embed_dim, "depth": cfg.depth}
+    return _time(step, steps)
 
 
 def calibrate(config: dict | None, output: str | Path, sizes: list[int] | None = None, repeats: int = 5,
@@ -123,8 +191,6 @@ def calibrate(config: dict | None, output: str | Path, sizes: list[int] | None =
         top = 26 if backend == "nccl" else 24
         sizes = [2**k for k in range(10, top + 1, 2)]
     measured = {"backend": backend, "world_size": world, "ranks_per_node": local}
-    if world < 2:
-        raise RuntimeError("calibrate needs at least 2 processes (torchrun --nproc-per-node 2 ...)")
     intra_ranks = list(range(min(local, world)))
     fits = {}
     if len(intra_ranks) >= 2:
@@ -135,9 +201,24 @@ def calibrate(config: dict | None, output: str | Path, sizes: list[int] | None =
         fits["inter"] = {k: fit(res[k], len(res["ranks"]), k) for k in ("all_reduce", "all_gather")} if res["all_reduce"] else {}
     measured["collectives"] = fits
     if config is not None:
-        measured["compute"] = _compute(config, device, channels, batch, compute_steps)
+        from .costmodel import predict
+
+        w = workload_from_config(config, channels, batch, act_bytes=4 if device.type == "cpu" else 2)
+        rates = _processor(w, device, repeats)
+        step_s = _model_step(config, w, device, channels, compute_steps)
+        # the compute model with the microbenchmarks' rates against the model's measured step:
+        # their ratio is the profile's efficiency (hardware.Compute)
+        predicted = predict(w, Hardware(0.0, float("inf"), float("inf"), 1), 1, 1, "dp",
+                            Compute.from_measured({"compute": rates})).compute_s
+        measured["compute"] = {**rates, "efficiency": step_s / predicted, "model_step_s": step_s,
+                               "microbenchmark_step_s": predicted, "batch": w.batch, "channels": w.channels,
+                               "embed_dim": w.embed_dim, "depth": w.depth}
     if dist.get_rank() != 0:
         return None
+    if world == 1:  # one process: the processor only; no collectives to time
+        hw = Hardware(alpha=0.0, intra_bw=float("inf"), inter_bw=float("inf"), gpus_per_node=1, measured=measured)
+        hw.to_yaml(output)
+        return hw
     intra = fits.get("intra") or fits.get("inter")
     inter = fits.get("inter") or intra
     hw = Hardware(

@@ -4,14 +4,19 @@ The workload is the channel ViT of this package (src/dchag/model): per-channel t
 channel aggregation (cross-attention; -L / -C partial aggregation under D-CHAG), a ViT of
 ``depth`` blocks, a head. Counts per GPU and step, micro-batch ``batch`` per GPU:
 
-* compute: 3x the forward FLOPs (matmuls and attention) divided by the measured rate
-  (`dchag calibrate` times a configured model and records FLOP/s), or the given compute time
-  of the data-parallel step scaled by each strategy's FLOPs;
+* compute: per component (tokenizer, partial / final aggregation, each ViT block, head,
+  optimizer): FLOPs / matmul rate, plus the bytes all its operators read and write over the
+  bandwidth for tensors of its size (no overlap assumed: see Work.seconds), plus fixed costs per
+  operator, view, tensor-parallel linear layer and DTensor parameter — the rates `dchag
+  calibrate` measures (hardware.Compute), times the profile's efficiency (the configured
+  model's measured step over the step the rates predict). Training FLOPs are 3x the forward's. The byte and
+  operator counts are this package's implementation's (per channel, per block), counted once
+  with benefit/trace.py; tests/test_benefit.py re-counts them at other sizes;
 * communication: the collectives each strategy issues (hardware.py's α-β model), split into
   intra-node and inter-node time;
 * memory: parameters, gradients and Adam state (16 bytes per parameter: 2 bf16 weights,
   2 bf16 gradients, 4 fp32 master, 8 fp32 moments; 16 for fp32 training as well), plus
-  activations: tokens are saved ``TOKEN_COPIES`` times per channel by the tokenizer, the ViT
+  activations: the front end's per-channel token copies (``front_activations``), the ViT
   keeps its block inputs (activation checkpointing) plus one block's working set
   (Korthikanti et al.: s·b·h·(34 + 5·a·s/h) bytes at 16 bit, divided by the TP size).
 
@@ -26,11 +31,55 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import hardware as hwm
-from .hardware import Hardware
+from .hardware import Compute, Hardware
 
 BYTES_PER_PARAM_STATE = 16
 STRATEGIES = ("dp", "fsdp-zero2", "fsdp-zero3", "compress-fp16", "compress-int8-ef", "tp", "dchag-l", "dchag-c",
               "fixed-group", "rotation")
+
+
+@dataclass
+class Work:
+    """One component's share of one rank's training step (forward, backward, optimizer)."""
+
+    flops: float = 0.0  # matmul-type FLOPs (matmuls, attention)
+    mm_bytes: float = 0.0  # bytes the matmul-type operators read and write
+    bytes: float = 0.0  # bytes the other operators read and write
+    ops: float = 0.0  # operators launched (not views)
+    views: float = 0.0
+    tp_linears: float = 0.0  # tensor-parallel (DTensor) linear layers
+    dtensor_params: float = 0.0  # DTensor parameters the optimizer steps
+    size: float = 0.0  # bytes of its typical (largest) tensor: which bandwidth applies
+
+    def seconds(self, c: Compute) -> float:
+        bw = c.bandwidth(self.size)
+        # no overlap of arithmetic and memory traffic: on the CPU a large output's first-touch
+        # page faults stall the matmul that writes it (measured: the sum predicts the model
+        # benchmark better than the roofline's max, benchmarks/results/benefit_model_check.md)
+        return (self.flops / c.flops_per_s + (self.mm_bytes + self.bytes) / bw + (self.ops + self.views) * c.op_s
+                + self.tp_linears * c.tp_linear_s
+                + self.dtensor_params * c.dtensor_param_s)
+
+
+def compute_seconds(parts: list[Work], c: Compute | float) -> float:
+    c = c if isinstance(c, Compute) else Compute(float(c))
+    return c.efficiency * sum(p.seconds(c) for p in parts)
+
+
+# Bytes per step in units of one token tensor (B, L, D) per channel (per block for the ViT),
+# and operators per step, of this package's implementation (forward + backward), as counted by
+# benefit/trace.py: (matmul bytes, other bytes, operators, views).
+TOKENIZER = (2.8, 3.05, 14, 25)
+LINEAR = {0: (3.0, 0.0, 8, 15), "tree": (3.1, 3.1, 15, 28)}
+QUERY = (18.0, 10.0, 25, 76)
+# A ViT block: (matmul bytes replicated, split by TP), (other bytes replicated, split), ops, views.
+BLOCK = ((25.0, 50.0), (14.0, 44.0), 40, 98)
+WEIGHT_PASSES = 3  # a linear layer's fp32 weight is read forward and backward, its gradient written
+HEAD = (0.0, 20.0, 50, 50)  # lead-time and position embedding, head, un-patching, loss
+ADAM_BYTES_PER_PARAM = 84  # fp32 AdamW, one tensor at a time (torch's for-loop implementation on the CPU)
+ADAM_OPS_PER_TENSOR = 10
+BLOCK_TENSORS, BLOCK_TP_TENSORS, BLOCK_TP_LINEARS = 16, 12, 6
+QUERY_TENSORS, QUERY_TP_TENSORS, QUERY_TP_LINEARS = 9, 8, 4
 
 
 @dataclass
@@ -49,8 +98,9 @@ class Workload:
     rotation_fraction: float = 0.25  # channel groups trained per step under rotation
     fixed_groups: int = 8
     bucket_bytes: float = 25e6  # DDP bucket
-    token_copies: float = 2.75
+    token_copies: float | None = None  # None: this package's tokenizer (see front_activations)
     cross_copies: float = 3.65
+    cross_replicated: float = 1.0  # of those, not split by TP in the baseline (the re-laid-out context)
     baseline_cross_copies: float | None = None  # the baseline's aggregation, when implemented differently
     runtime_overhead: float = 0.0  # bytes: CUDA context, allocator cache, workspaces
 
@@ -70,8 +120,9 @@ class Workload:
         return tok + partial + attn
 
     def head_params(self) -> float:
-        d = self.embed_dim
-        return d * d + d + d * self.out_channels * self.patch_size**2
+        """The forecast head, the position and lead-time embeddings and the final norm."""
+        d, out = self.embed_dim, self.out_channels * self.patch_size**2
+        return d * d + d + d * out + out + self.tokens * d + 2 * d + 2 * d
 
     def params(self, aggregation: str = "baseline", groups: int = 1) -> float:
         return self.backbone_params() + self.front_params(self.channels, aggregation, groups) + self.head_params()
@@ -103,7 +154,84 @@ class Workload:
         return tok + partial
 
     def head_flops(self) -> float:
-        return 2 * self.batch * self.tokens * self.head_params()
+        d = self.embed_dim
+        return 2 * self.batch * self.tokens * (d * d + d * self.out_channels * self.patch_size**2)
+
+    # -- work per rank and step (compute model) ----------------------------------------------
+    def tokenizer_work(self, channels: int, calls: int = 1) -> Work:
+        """Tokenizing ``channels`` channels in ``calls`` calls (one per channel group)."""
+        mm, other, ops, views = TOKENIZER
+        ops, views = ops * calls, views * calls
+        u = self.unit()
+        # the input needs no gradient: forward and the weight gradient only (2x the forward)
+        return Work(2 * self.tokenizer_flops(channels) * (1 + 1 / self.patch_size**2), mm * channels * u, other * channels * u,
+                    ops, views, size=channels * u)
+
+    def linear_work(self, inputs: int, tree: int = 0) -> Work:
+        mm, other, ops, views = LINEAR["tree" if tree else 0]
+        u = self.unit()
+        return Work(6 * self.batch * self.tokens * self.embed_dim * inputs, mm * inputs * u, other * inputs * u, ops, views,
+                    size=inputs * u)
+
+    def query_work(self, inputs: int, tp: int = 1, tree: int = 0, count: int = 1) -> Work:
+        """``count`` query aggregations over ``inputs`` tokens each (one module, shared weights);
+        under TP its projections are split, the context re-layout is not. TreeK: the module runs
+        on K sub-groups of inputs/K tokens (a K-times larger batch), then over the K results."""
+        if tree:
+            level1 = self.query_work(inputs // tree, tp, 0, count)
+            level1.flops *= tree
+            level1.mm_bytes *= tree
+            level1.bytes *= tree
+            level1.size *= tree
+            level2 = self.query_work(tree, tp, 0, count)
+            return Work(level1.flops + level2.flops, level1.mm_bytes + level2.mm_bytes, level1.bytes + level2.bytes,
+                        level1.ops + level2.ops, level1.views + level2.views, level1.tp_linears, level1.dtensor_params, level1.size)
+        mm, other, ops, views = QUERY
+        u = self.unit() * inputs * count
+        tp_lin = QUERY_TP_LINEARS if tp > 1 else 0
+        d = self.embed_dim
+        weights = count * WEIGHT_PASSES * 4 * (4 * d * d) / tp  # the projections' weights, read and their gradients written
+        return Work(3 * count * self._attn_flops(inputs) / tp, mm * u / 3 * (1 + 2 / tp) + weights, other * u / 5 * (1 + 4 / tp),
+                    ops * count, views * count, tp_lin, QUERY_TP_TENSORS if tp > 1 else 0, size=self.unit() * inputs)
+
+    def block_work(self, tp: int = 1) -> Work:
+        (mm_r, mm_s), (o_r, o_s), ops, views = BLOCK
+        u = self.unit()
+        b, l, d = self.batch, self.tokens, self.embed_dim
+        h = self.mlp_ratio * d
+        flops = 3 * b * (2 * l * (4 * d * d + 2 * d * h) + 4 * l * l * d) / tp
+        weights = WEIGHT_PASSES * 4 * (4 * d * d + 2 * d * h) / tp
+        return Work(flops, (mm_r + mm_s / tp) * u + weights, (o_r + o_s / tp) * u, ops, views,
+                    BLOCK_TP_LINEARS if tp > 1 else 0, BLOCK_TP_TENSORS if tp > 1 else 0, size=self.mlp_ratio * u / tp)
+
+    def head_work(self) -> Work:
+        mm, other, ops, views = HEAD
+        return Work(3 * self.head_flops(), mm * self.unit(), other * self.unit(), ops, views, size=self.unit())
+
+    def optimizer_work(self, params: float, tensors: float, dtensors: float = 0.0) -> Work:
+        return Work(0.0, 0.0, ADAM_BYTES_PER_PARAM * params, ADAM_OPS_PER_TENSOR * (tensors - dtensors), 0.0, 0.0, dtensors,
+                    size=4 * params / max(tensors, 1))
+
+    def front_work(self, channels: int, aggregation: str, groups: int, tp: int = 1) -> list[Work]:
+        """Tokenize ``channels`` channels and reduce them: baseline = one query over all of them
+        (TP-split projections); hierarchical = ``groups`` partial aggregators."""
+        if aggregation == "baseline":
+            return [self.tokenizer_work(channels), self.query_work(channels, tp)]
+        parts = [self.tokenizer_work(channels, groups)]
+        per_group = max(1, channels // groups)
+        if aggregation == "linear":
+            return parts + [self.linear_work(channels, self.tree)] + [Work(ops=LINEAR[0][2], views=LINEAR[0][3])] * (groups - 1)
+        return parts + [self.query_work(per_group, 1, self.tree, count=groups)]
+
+    def step_work(self, channels: int, aggregation: str, groups: int, tp: int, final_inputs: int, params: float) -> list[Work]:
+        parts = self.front_work(channels, aggregation, groups, tp)
+        if aggregation != "baseline":
+            parts.append(self.query_work(final_inputs, tp))
+        parts += [self.block_work(tp)] * self.depth + [self.head_work()]
+        tensors = 3 + 2 + 2 + 4 + 1 + QUERY_TENSORS + BLOCK_TENSORS * self.depth  # tokenizer, lead, norm, head, pos, final, blocks
+        tensors += {"baseline": 0, "linear": 2 * groups * (2 if self.tree else 1), "cross": QUERY_TENSORS * groups}[aggregation]
+        dtensors = (QUERY_TP_TENSORS + BLOCK_TP_TENSORS * self.depth) if tp > 1 else 0
+        return parts + [self.optimizer_work(params, tensors, dtensors)]
 
     # -- activations per GPU ----------------------------------------------------------------
     def unit(self) -> float:
@@ -115,14 +243,20 @@ class Workload:
         block = s * b * h * (34 + 5 * a * s / h) * self.act_bytes / 2
         return self.depth * self.unit() + block / tp
 
-    def front_activations(self, channels: int, aggregation: str, groups: int) -> float:
+    def front_activations(self, channels: int, aggregation: str, groups: int, tp: int = 1) -> float:
+        """Peak front-end activations: per channel, this package's tokenizer holds its tokens,
+        their gradient and the patch matrix with its column of ones, 2 + (p² + 1) / D token
+        tensors; a query aggregation adds ``cross_copies``, of which the baseline's
+        tensor-parallel final aggregation splits all but the re-laid-out context over TP."""
         u = self.unit()
-        act = self.token_copies * channels * u
+        copies = 2 + (self.patch_size**2 + 1) / self.embed_dim if self.token_copies is None else self.token_copies
+        act = copies * channels * u
         if aggregation == "cross":
             act += self.cross_copies * channels * u
         elif aggregation == "baseline":
             extra = self.cross_copies if self.baseline_cross_copies is None else self.baseline_cross_copies
-            act += extra * channels * u
+            kept = min(self.cross_replicated, extra)
+            act += (kept + (extra - kept) / tp) * channels * u
         return act
 
 
@@ -131,7 +265,8 @@ class Workload:
 # bf16) -> 3.0 U per channel and a 2.13 GiB fixed overhead; its baseline aggregation adds
 # 8.23 GB for 1024 channels (0.51 U per channel); its -C partial aggregation holds 5.1 U per
 # channel more than -L (1.7B, 1024 channels, TP 8: 24.14 - 13.96 GB).
-PAPER = {"token_copies": 3.0, "cross_copies": 5.1, "baseline_cross_copies": 0.51, "runtime_overhead": 2.13 * 2**30}
+PAPER = {"token_copies": 3.0, "cross_copies": 5.1, "baseline_cross_copies": 0.51, "cross_replicated": 5.1,
+         "runtime_overhead": 2.13 * 2**30}
 
 
 @dataclass
@@ -153,13 +288,10 @@ class Prediction:
         return self.compute_s + self.comm_s
 
 
-def _train_flops(forward: float) -> float:
-    return 3.0 * forward
-
-
-def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: str, rate: float,
+def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: str, rate: Compute | float,
             tp: int | None = None) -> Prediction:
-    """One strategy's per-GPU step on ``gpus`` GPUs; ``rate`` = sustained FLOP/s per GPU."""
+    """One strategy's per-GPU step on ``gpus`` GPUs; ``rate``: the processor's measured rates
+    (hardware.Compute) or only a sustained FLOP/s per GPU."""
     g = gpus_per_node
     t = tp or min(g, gpus)
     c = w.channels
@@ -180,10 +312,11 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
             agg, groups = "linear", w.fixed_groups
         if strategy == "rotation":
             agg, groups, front_channels = "linear", w.fixed_groups, max(1, int(round(c * w.rotation_fraction)))
-        fwd = w.front_flops(front_channels, agg, groups) + w.backbone_flops() + w.head_flops()
-        if strategy == "fixed-group" or strategy == "rotation":
-            fwd += w._attn_flops(groups)  # the final aggregation over the group tokens
         params = w.params(agg, groups)
+        active = groups if strategy != "rotation" else max(1, int(round(groups * w.rotation_fraction)))
+        work = w.step_work(front_channels, agg, active, 1, active, params)
+        if strategy == "fsdp-zero2" or strategy == "fsdp-zero3":  # FSDP2 parameters are DTensors
+            work[-1] = w.optimizer_work(params / gpus, work[-1].ops / ADAM_OPS_PER_TENSOR, work[-1].ops / ADAM_OPS_PER_TENSOR)
         # rotation: the idle groups' tokenizer gradients are zero and not reduced
         reduced = params - (w.front_params(c, agg, groups) - w.front_params(front_channels, agg, groups)) if strategy == "rotation" else params
         act = w.front_activations(front_channels, agg, groups) + w.backbone_activations(1)
@@ -209,7 +342,7 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
             note = "quantised gradients all-gathered (sum in 8 bit overflows)"
         else:
             intra, inter = dp_allreduce(reduced, gpus, g)
-        return Prediction(strategy, 1, _train_flops(fwd) / rate, intra, inter, state + act + w.runtime_overhead, note)
+        return Prediction(strategy, 1, compute_seconds(work, rate), intra, inter, state + act + w.runtime_overhead, note)
 
     if strategy in ("tp", "dchag-l", "dchag-c"):
         if gpus % t:
@@ -217,10 +350,8 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
         replicas = gpus // t
         agg = {"tp": "baseline", "dchag-l": "linear", "dchag-c": "cross"}[strategy]
         held = c if strategy == "tp" else -(-c // t)
-        front = w.front_flops(held, agg, 1)
-        if strategy != "tp":
-            front += w._attn_flops(t) / t  # final aggregation over T group tokens, tensor-parallel
-        fwd = front + w.backbone_flops() / t + w.head_flops()
+        params = w.backbone_params() / t + w.front_params(held, agg, 1) + w.head_params()
+        work = w.step_work(held, agg, 1, t, t, params)
         # per block: two all-reduces of (B, L, D) forward, two backward; the final aggregation: one each
         ar = hwm.all_reduce(u, t, hw, g)
         intra = (4 * w.depth + 2) * ar[0]
@@ -230,15 +361,14 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
             gr = hwm.all_reduce(t * u, t, hw, g)  # its input gradient in backward
             intra += ag[0] + gr[0]
             inter += ag[1] + gr[1]
-        params = w.backbone_params() / t + w.front_params(held, agg, 1) + w.head_params()
         if replicas > 1:  # data parallelism across TP groups: one rank per group and node slot
             per_node = max(1, g // t)
             dpi, dpe = dp_allreduce(params, replicas, per_node)
             intra, inter = intra + dpi, inter + dpe
-        act = w.front_activations(held, agg, 1) + w.backbone_activations(t)
+        act = w.front_activations(held, agg, 1, t) + w.backbone_activations(t)
         if strategy != "tp":
             act += 2 * t * u  # the gathered group tokens and their gradient
-        return Prediction(strategy, t, _train_flops(fwd) / rate, intra, inter,
+        return Prediction(strategy, t, compute_seconds(work, rate), intra, inter,
                           params * BYTES_PER_PARAM_STATE + act + w.runtime_overhead)
     raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 

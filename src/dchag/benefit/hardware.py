@@ -10,12 +10,61 @@ left). A profile comes from `dchag calibrate` (measured) or from the command lin
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from ..store import InputError, atomic_path
+
+
+@dataclass
+class Compute:
+    """What one rank's processor sustains (measured by `dchag calibrate`): matmul FLOP/s,
+    streaming memory bandwidth, and the framework's fixed costs — per operator or view launched
+    in training (module calls and autograd included), per tensor-parallel linear layer (DTensor
+    wrapping and sharding propagation, forward and backward) and per DTensor parameter in the
+    optimizer step. A profile without them (only a FLOP rate) gives a FLOP-only model.
+
+    ``efficiency``: the configured model's measured step over the step these rates predict
+    for it. Microbenchmarks in a tight loop run hotter (caches, awake threads) than a model's
+    mix of operators; this one ratio, measured on one configuration, carries that over to the
+    others (1.0: the rates as measured)."""
+
+    flops_per_s: float
+    mem_bw: float = float("inf")
+    op_s: float = 0.0
+    tp_linear_s: float = 0.0
+    dtensor_param_s: float = 0.0
+    # [(tensor bytes, bytes/s)]: streaming bandwidth into a freshly allocated tensor of that
+    # size. It falls with size once tensors leave the caches and (on the CPU) once the
+    # allocator hands out new pages for them (glibc mmaps blocks over 32 MB: first-touch page
+    # faults on every step), so each component is charged at its own tensors' size.
+    mem_curve: list = field(default_factory=list)
+    efficiency: float = 1.0
+
+    FIELDS = ("flops_per_s", "mem_bw", "op_s", "tp_linear_s", "dtensor_param_s", "mem_curve", "efficiency")
+
+    def bandwidth(self, size: float) -> float:
+        """Bytes/s for tensors of ``size`` bytes: log-linear between the measured sizes."""
+        if not self.mem_curve:
+            return self.mem_bw
+        pts = sorted(self.mem_curve)
+        if size <= pts[0][0]:
+            return pts[0][1]
+        for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+            if size <= s1:
+                f = math.log(size / s0) / math.log(s1 / s0)
+                return b0 + f * (b1 - b0)
+        return pts[-1][1]
+
+    @classmethod
+    def from_measured(cls, measured: dict) -> "Compute | None":
+        c = measured.get("compute") or {}
+        if "flops_per_s" not in c:
+            return None
+        return cls(**{k: (float(c[k]) if k != "mem_curve" else [list(map(float, p)) for p in c[k]]) for k in cls.FIELDS if k in c})
 
 
 @dataclass

@@ -31,7 +31,8 @@ def summarize(run_dirs: dict[str, Path], reference: str = "verify-dp", warmup: i
     rows = []
     for name, d in run_dirs.items():
         log, ranks = _read(Path(d))
-        timed = ranks[ranks.step > warmup] if (ranks.step > warmup).any() else ranks
+        ranks_timed = ranks.dropna(subset=["t_forward"])  # the step whose memory was tracked (CPU) has no timings
+        timed = ranks_timed[ranks_timed.step > warmup] if (ranks_timed.step > warmup).any() else ranks_timed
         slowest = timed.groupby("step")[["t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]].max()
         # medians over steps: a shared machine's stalls would otherwise decide the verdict
         step_s = (slowest[["t_data", "t_forward", "t_backward", "t_optimizer"]].sum(axis=1)).median()
