@@ -6,7 +6,7 @@ Driver (launches one torchrun job per T and writes the table):
     python benchmarks/model_benchmark.py --tp 1 2 4 --channels 64 256 512 1024 --output benchmarks/results/model
 
 One job (what the driver runs; the same on a GPU machine, where NCCL and
-torch.cuda.max_memory_allocated are used instead of gloo and MemTracker):
+torch.cuda.max_memory_allocated are used instead of gloo and MemTracker: dchag.train.memory):
 
     torchrun --standalone --nproc-per-node 4 benchmarks/model_benchmark.py --worker --channels 1024
 
@@ -39,39 +39,10 @@ VARIANTS = [
 MIB = 2**20
 
 
-def _memory_step(step, modules, device) -> dict:
-    """Peak memory of one call of ``step``, by kind (MiB)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        return {"total": torch.cuda.max_memory_allocated() / MIB, "before_step": base / MIB}
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-
-    tracker = MemTracker()
-    tracker.track_external(*modules)
-    with tracker:
-        step()
-    peak = tracker.get_tracker_snapshot("peak")
-    per = {}
-    for dev_stats in peak.values():
-        for kind, nbytes in dev_stats.items():
-            per[str(kind)] = per.get(str(kind), 0) + nbytes
-    get = lambda k: per.get(str(k), 0) / MIB  # noqa: E731
-    return {
-        "total": per.get("Total", sum(v for k, v in per.items() if k != "Total")) / MIB,
-        "parameters": get(_MemRefType.PARAM) + get(_MemRefType.BUFFER),
-        "gradients": get(_MemRefType.GRAD),
-        "optimizer": get(_MemRefType.OPT),
-        "activations": get(_MemRefType.ACT) + get(_MemRefType.TEMP),
-    }
-
-
 def run_worker(args) -> None:
     from dchag.model import ChannelViT, ModelConfig
     from dchag.parallel import ParallelDims, init_distributed, parallelize_model
+    from dchag.train.memory import step_peak
 
     backend, device = init_distributed()
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -113,7 +84,8 @@ def run_worker(args) -> None:
             for part, step in (("front", front_step), ("model", whole_step)):
                 for _ in range(args.warmup):
                     step()
-                mem = _memory_step(step, [model, opt] if part == "model" else [model], device)
+                with step_peak(device, *([model, opt] if part == "model" else [model])) as mem:
+                    step()
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 dist.barrier()

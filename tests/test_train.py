@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,6 +241,9 @@ def _int8_hook_check(rank, world):
     scale = max(float(g.abs().max()) for g in everyone) / 127
     assert (lin.weight.grad - mean).abs().max() <= scale  # within one quantisation step
     assert hook.residuals and all(r.abs().max() <= scale for r in hook.residuals.values())
+    state = hook.residual_state(ddp, lambda n: n.removeprefix("module."))  # per parameter, this rank's
+    assert set(state) == {f"comm_hook.rank{rank}.weight", f"comm_hook.rank{rank}.bias"}
+    assert state[f"comm_hook.rank{rank}.weight"].numel() == lin.weight.numel()
     assert hook.fall_back(5) and hook.active == "fp16" and not hook.fall_back(6)
 
 
@@ -264,3 +268,30 @@ def test_error_feedback_keeps_the_accumulated_error_bounded():
     # what was sent differs from what was meant by the last residual only (not 50 steps of error)
     assert torch.allclose(total_true - total_sent, e, atol=1e-7)
     assert e.abs().max() <= s
+
+
+def test_int8_error_feedback_resumes_with_its_residuals(data_root, tmp_path):
+    """The 8-bit hook's error-feedback residuals are in the checkpoint (per rank, per
+    parameter): a run resumed from step 4 ends exactly where the uninterrupted run ends."""
+    from dchag.train.checkpoint import _saved_shapes
+
+    root, base = data_root
+    cfg = run_config(base, steps=8, checkpoint_every=4, val_every=8)
+    cfg["model"].update({"aggregation": "baseline"})
+    cfg["parallel"] = {"tp": 1, "strategy": "baseline", "dp": "ddp", "comm_hook": "int8_ef", "ddp_bucket_mb": 0.05}
+    a, b = tmp_path / "a", tmp_path / "b"
+    text = finish(torchrun(cfg, a, root), a)
+    assert (a / "final" / ".metadata").exists(), text[-3000:]
+    saved = _saved_shapes(a / "checkpoints" / "step_4")
+    for rank in (0, 1):
+        residuals = {k: v for k, v in saved.items() if k.startswith(f"comm_hook.rank{rank}.")}
+        assert f"comm_hook.rank{rank}.head.0.weight" in residuals and len(residuals) == sum(k.startswith("model.") for k in saved)
+    (b / "checkpoints").mkdir(parents=True)
+    shutil.copytree(a / "checkpoints" / "step_4", b / "checkpoints" / "step_4")
+    shutil.copy(a / "checkpoints" / "run_config.json", b / "checkpoints" / "run_config.json")
+    text = finish(torchrun(cfg, b, root), b)
+    assert "resuming from" in text and (b / "final" / ".metadata").exists(), text[-3000:]
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

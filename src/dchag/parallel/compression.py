@@ -3,8 +3,10 @@ compress with fp16, PowerSGD or 8-bit quantisation with error feedback, and fall
 when validation degrades (Trainer calls ``fall_back``).
 
 8-bit with error feedback: each bucket's gradient plus the residual left from the last step
-is quantised to int8 with one scale per bucket (max |x| / 127); the residual keeps what
-quantisation lost, so the error does not accumulate. int8 values from N ranks cannot be
+is quantised to int8 with one scale per parameter (max |x| / 127: independent of how DDP
+groups parameters into buckets, which it changes after the first step of every process); the
+residual keeps what quantisation lost, so the error does not accumulate, and is checkpointed
+per parameter. int8 values from N ranks cannot be
 summed in 8 bits, so the quantised buckets and their scales are all-gathered (N x 1 byte per
 value received) and averaged in fp32 — cheaper than fp32 all-reduce (2 x 4 bytes per value
 sent) up to about 8 ranks; the cost model (benefit/costmodel.py) says the same.
@@ -23,9 +25,15 @@ HOOKS = ("none", "fp16", "powersgd", "int8_ef")
 # collective timer sees DDP's communication (DDP's built-in reducer calls it from C++).
 
 
-def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = (x.abs().max() / 127.0).clamp_min(torch.finfo(torch.float32).tiny).reshape(1).float()
-    return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
+def quantize_int8(x: torch.Tensor, sizes: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 values and one scale (max |x| / 127) per segment of ``sizes`` (the whole of x by default)."""
+    sizes = sizes or [x.numel()]
+    scale = (torch.stack([part.abs().max() for part in x.split(sizes)]) / 127.0).clamp_min(torch.finfo(torch.float32).tiny).float()
+    return torch.round(x / expand_scales(scale, sizes)).clamp_(-127, 127).to(torch.int8), scale
+
+
+def expand_scales(scale: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    return torch.repeat_interleave(scale, torch.tensor(sizes, device=scale.device), output_size=sum(sizes))
 
 
 class CompressionHook:
@@ -35,7 +43,7 @@ class CompressionHook:
         self.kind = kind
         self.active = kind
         self.group = process_group
-        self.residuals: dict[int, torch.Tensor] = {}
+        self.residuals: dict[torch.Tensor, torch.Tensor] = {}  # int8-EF: parameter -> its flat fp32 residual
         # With ``timed``, each bucket's collective is waited for and its time kept (DDP runs hooks
         # outside the trainer's collective timer); without, the future is returned unwaited.
         self.timed = timed
@@ -81,20 +89,40 @@ class CompressionHook:
             return psgd.powerSGD_hook(state.powersgd, bucket)
         return state._int8(bucket)
 
+    def residual_state(self, model: torch.nn.Module, key) -> dict[str, torch.Tensor]:
+        """This rank's int8-EF residuals by parameter (``key(name)``), for the checkpoint: a
+        resumed run continues the error feedback where it stopped. Kept per parameter, not per
+        bucket, because DDP rebuilds its buckets after the first step of every process."""
+        if self.kind != "int8_ef":
+            return {}
+        rank = dist.get_rank(self.group)
+        out = {}
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                if p not in self.residuals:
+                    self.residuals[p] = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
+                out[f"comm_hook.rank{rank}.{key(name)}"] = self.residuals[p]
+        return out
+
     def _int8(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         grad = bucket.buffer()
         world = dist.get_world_size(self.group)
-        e = self.residuals.get(bucket.index())
-        x = grad.float() + (e if e is not None and e.shape == grad.shape else 0.0)
-        q, scale = quantize_int8(x)
-        self.residuals[bucket.index()] = x - q.float() * scale
+        params = bucket.parameters()
+        sizes = [p.numel() for p in params]
+        if sum(sizes) != grad.numel():
+            raise RuntimeError(f"int8_ef hook: bucket {bucket.index()} holds {grad.numel()} values, its parameters {sum(sizes)}")
+        x = grad.float() + torch.cat([self.residuals[p] if p in self.residuals else grad.new_zeros(n, dtype=torch.float32)
+                                      for p, n in zip(params, sizes)])
+        q, scale = quantize_int8(x, sizes)  # one scale per parameter: the same whatever the bucketing
+        for p, r in zip(params, (x - q.float() * expand_scales(scale, sizes)).split(sizes)):
+            self.residuals[p] = r.clone()
         qs = [torch.empty_like(q) for _ in range(world)]
         scales = [torch.empty_like(scale) for _ in range(world)]
         dist.all_gather(qs, q, group=self.group)
         dist.all_gather(scales, scale, group=self.group)
         total = torch.zeros_like(x)
         for qi, si in zip(qs, scales):
-            total.add_(qi.float() * si)
+            total.add_(qi.float() * expand_scales(si, sizes))
         grad.copy_(total / world)
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(grad)

@@ -91,8 +91,10 @@ def canonical(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
 
 
-def state(model: nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, int]) -> dict[str, torch.Tensor]:
-    """The flat tensor state of a training run (optimizer state created if still empty)."""
+def state(model: nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, int],
+          extra: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The flat tensor state of a training run (optimizer state created if still empty), plus
+    ``extra`` tensors (a communication hook's per-rank state)."""
     core = model.module if hasattr(model, "module") else model
     ids = getattr(core, "tokenizer").channel_ids
     block = f"tokenizer[{int(ids[0])}:{int(ids[-1]) + 1}]." if getattr(core, "group_gather", None) is not None else "tokenizer."
@@ -109,6 +111,7 @@ def state(model: nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str
         out[f"trainer.{k}"] = torch.tensor(int(v))
     rank = dist.get_rank() if dist.is_initialized() else 0
     out[f"rng.rank{rank}"] = torch.get_rng_state()
+    out.update(extra or {})
     return out
 
 

@@ -2,8 +2,8 @@
 layout; the loop is the same for forecasting, masked autoencoding and classification.
 
 Per step: data / forward / backward / optimizer time (and the time spent inside collectives
-where measurable), loss, learning rate, samples/s and peak memory per rank go to a CSV log
-and TensorBoard; rank 0 shows a progress bar. Checkpoints (DCP) every N steps and at the
+where measurable), loss, learning rate, samples/s and peak memory per rank (train/memory.py:
+every step on a GPU, one tracked step on the CPU) go to a CSV log and TensorBoard; rank 0 shows a progress bar. Checkpoints (DCP) every N steps and at the
 end; a restarted group (torchrun --max-restarts) resumes from the newest one and replays
 exactly the batches an uninterrupted run would have seen.
 """
@@ -35,6 +35,7 @@ from ..parallel import ParallelDims, init_distributed, parallelize_model
 from ..parallel.parallelize import autocast, clip_grad_norm_
 from . import checkpoint as ckpt
 from .data import DataError, ForecastDataset, ResumableSampler, SampleDataset, open_array, store_info
+from .memory import step_peak
 
 RANK_FIELDS = ["samples_per_s", "peak_mem_mib", "t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]
 TASK_STORES = {"forecast": "era5", "mae": "hsi/mae.zarr", "classify": "hsi/classification.zarr"}
@@ -328,12 +329,16 @@ class Trainer:
             stamp.write_text(fingerprint)
         dist.barrier()
 
+    def _state(self, step: int, epoch: int, pos: int) -> dict[str, torch.Tensor]:
+        hook = self.compression.residual_state(self.model, ckpt.canonical) if self.compression is not None else {}
+        return ckpt.state(self.model, self.opt, self._counters(step, epoch, pos), hook)
+
     def _resume(self) -> tuple[int, int, int]:
         self._forget_stale_checkpoints()
         last = ckpt.latest(self.out / "checkpoints")
         if last is None:
             return 0, 0, 0
-        c = ckpt.load(ckpt.state(self.model, self.opt, self._counters(0, 0, 0)), last)
+        c = ckpt.load(self._state(0, 0, 0), last)
         # The schedule is a function of the step: put the learning rates where they were.
         self.sched.last_epoch = c["scheduler_last_epoch"]
         for group, base, fn in zip(self.opt.param_groups, self.sched.base_lrs, self.sched.lr_lambdas):
@@ -392,12 +397,18 @@ class Trainer:
         batches = self._batches(epoch, pos)
         self.model.train()
         comm = _CommTimer() if t.get("measure_comm", True) else contextlib.nullcontext()
+        # Peak memory: on a GPU every step (allocator peak); on the CPU the second step this
+        # process runs (optimizer state exists then) under MemTracker, whose bookkeeping slows
+        # that step: its times are left out of the logs' timings (NaN).
+        peak_mib, steps_run = float("nan"), 0
         while step < self.steps:
             t0 = time.perf_counter()
             epoch, pos, batch = next(batches)
             batch = [b.to(self.device) for b in batch]
             t1 = time.perf_counter()
-            with comm:
+            measure_memory = self.device.type == "cuda" or steps_run == 1
+            tracked = step_peak(self.device, self.model, self.opt) if measure_memory else contextlib.nullcontext({})
+            with tracked as mem, comm:
                 with autocast(self.device, self.precision):
                     loss, _ = self.task.loss(self.model, batch, step, self.seed, self.channel_group)
                 t2 = time.perf_counter()
@@ -410,11 +421,17 @@ class Trainer:
                 self.sched.step()
             t4 = time.perf_counter()
             times = StepTimes(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+            t_comm = (comm.take() + (self.hook_state.take_seconds() if self.hook_state else 0.0)) if isinstance(comm, _CommTimer) else None
+            if measure_memory:
+                peak_mib = mem["total"]
+            if measure_memory and self.device.type == "cpu":
+                times = StepTimes(*[float("nan")] * 4)
+                t_comm = float("nan") if t_comm is not None else None
             step += 1
+            steps_run += 1
             row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": self.sched.get_last_lr()[0], "grad_norm": grad_norm,
-                   "samples_per_s": self.batch / max(1e-9, t4 - t0), "peak_mem_mib": _peak_memory_mib(self.device),
-                   **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": (comm.take() + (self.hook_state.take_seconds() if self.hook_state else 0.0))
-                   if isinstance(comm, _CommTimer) else None}
+                   "samples_per_s": self.batch / max(1e-9, t4 - t0) if times.data == times.data else float("nan"),
+                   "peak_mem_mib": peak_mib, **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": t_comm}
             if step % val_every == 0 or step == self.steps:
                 row.update(self.validate())
                 self._check_compression(step, row["val_loss"])
@@ -433,9 +450,9 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.4f}")
             if step % ckpt_every == 0 and step < self.steps:
-                ckpt.save(ckpt.state(self.model, self.opt, self._counters(step, epoch, pos)), self.out / "checkpoints" / f"step_{step}")
+                ckpt.save(self._state(step, epoch, pos), self.out / "checkpoints" / f"step_{step}")
         bar.close()
-        final = ckpt.save(ckpt.state(self.model, self.opt, self._counters(step, epoch, pos)), self.out / "final")
+        final = ckpt.save(self._state(step, epoch, pos), self.out / "final")
         if self.rank == 0:
             self._write_run_info()
             if writer_tb is not None:
@@ -489,14 +506,6 @@ class _CommTimer(TorchDispatchMode):
     def take(self) -> float:
         total, self.total = self.total, 0.0
         return total
-
-
-def _peak_memory_mib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS on the CPU
 
 
 class CsvLog:

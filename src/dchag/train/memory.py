@@ -1,0 +1,51 @@
+"""Peak memory of one training step, per rank.
+
+On a GPU: the caching allocator's peak (torch.cuda.max_memory_allocated). On the CPU the
+process's peak RSS says nothing about a step (allocator caching, the interpreter, libraries;
+see CONVENTIONS.md), so one step is run under torch's MemTracker, which follows every
+tensor's storage and attributes it to parameters, buffers, gradients, optimizer state and
+activations (+ temporaries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+MIB = 2**20
+KINDS = ("parameters", "gradients", "optimizer", "activations")
+
+
+@contextlib.contextmanager
+def step_peak(device: torch.device, *tracked: nn.Module | torch.optim.Optimizer) -> Iterator[dict]:
+    """Measure the step run inside; on exit the yielded dict holds ``total`` MiB (and, on the
+    CPU, the split by kind)."""
+    result: dict = {}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result["total"] = torch.cuda.max_memory_allocated(device) / MIB
+        return
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    tracker = MemTracker()
+    tracker.track_external(*tracked)
+    with tracker:
+        yield result
+    per: dict[str, float] = {}
+    for dev_stats in tracker.get_tracker_snapshot("peak").values():
+        for kind, nbytes in dev_stats.items():
+            per[str(kind)] = per.get(str(kind), 0) + nbytes
+    get = lambda *kinds: sum(per.get(str(k), 0) for k in kinds) / MIB  # noqa: E731
+    result.update({
+        "total": per.get("Total", sum(v for k, v in per.items() if k != "Total")) / MIB,
+        "parameters": get(_MemRefType.PARAM, _MemRefType.BUFFER),
+        "gradients": get(_MemRefType.GRAD),
+        "optimizer": get(_MemRefType.OPT),
+        "activations": get(_MemRefType.ACT, _MemRefType.TEMP),
+    })
