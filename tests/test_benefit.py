@@ -76,6 +76,11 @@ def test_advice_table_regimes_and_memory():
     small = Workload(channels=4, embed_dim=64, depth=2, num_heads=4, tokens=128, patch_size=4, batch=2)
     res = advise(small, hwm.Hardware(5e-6, 200e9, 50e9, 8), 8, 8, rate=1e9, strategies=("dp", "fsdp-zero2", "compress-fp16"))
     assert res["regime"] == "compute-bound" and res["recommendation"] == "dp"
+    # Rotation computes less per step but changes the training: the advice says to check it.
+    many = Workload(channels=256, embed_dim=64, depth=2, num_heads=4, tokens=128, patch_size=4, batch=2)
+    res = advise(many, hwm.Hardware(5e-6, 200e9, 50e9, 8), 8, 8, rate=1e9, strategies=("dp", "rotation"))
+    assert res["recommendation"] == "rotation"
+    assert any("compare its validation loss" in r and "train.rotation" in r for r in res["reasons"])
 
 
 def test_fit_recovers_alpha_and_bandwidth():
@@ -167,3 +172,43 @@ def test_bandwidth_curve_interpolates_by_tensor_size():
     assert c.bandwidth(1e3) == 40e9 and c.bandwidth(2**30) == 10e9
     assert c.bandwidth(2**23) == pytest.approx(25e9)  # halfway in log size
     assert Compute(1e12, mem_bw=5e9).bandwidth(1e9) == 5e9
+
+
+def _training_logs(run: Path, step_ms: float, val_loss: float, steps: int = 12) -> None:
+    """Logs as the trainer writes them (its CsvLog), two ranks, constant times per step."""
+    from dchag.train.trainer import RANK_FIELDS, CsvLog
+
+    run.mkdir(parents=True)
+    log = CsvLog(run / "log.csv", ["step", "loss", "val_loss"], 0)
+    ranks = CsvLog(run / "ranks.csv", ["step", "rank", *RANK_FIELDS], 0)
+    for step in range(1, steps + 1):
+        log.append({"step": step, "loss": 1.0, "val_loss": val_loss if step == steps else None})
+        for rank in (0, 1):
+            t = step_ms / 1e3 / 4
+            ranks.append({"step": step, "rank": rank, "samples_per_s": 1.0, "peak_mem_mib": 10.0 + rank, "t_data": t,
+                          "t_forward": t, "t_backward": t, "t_optimizer": t, "t_comm": t / 2})
+
+
+def test_verification_verdicts_with_repeats(tmp_path):
+    """Medians over repeats decide; a change that crosses -5 % within the repeats' range is
+    inconclusive; a validation loss more than `tolerance` worse is a no whatever the speed."""
+    from dchag.benefit.verify import summarize
+
+    plan = {"verify-dp": ([100, 100], 1.0), "verify-compress": ([80, 82], 1.01), "verify-fixed-group": ([96, 98], 1.0),
+            "verify-dchag-l": ([90, 99], 1.0), "verify-rotation": ([70, 71], 1.2)}
+    runs = {}
+    for name, (times, val) in plan.items():
+        for i, ms in enumerate(times, 1):
+            _training_logs(tmp_path / f"{name}-r{i}", ms, val)
+            runs[f"{name}-r{i}"] = tmp_path / f"{name}-r{i}"
+    df = summarize(runs).set_index("run")
+    assert list(df.index) == list(plan) and (df.repeats == 2).all() and (df.steps == 12).all()
+    assert df.step_s["verify-compress"] == pytest.approx(0.081) and df.step_s_max["verify-dchag-l"] == pytest.approx(0.099)
+    assert df.peak_mem_mib_max_rank["verify-dp"] == 11.0
+    assert dict(df.verdict) == {
+        "verify-dp": "reference", "verify-compress": "adopt", "verify-fixed-group": "no: step time not 5% lower",
+        "verify-dchag-l": "inconclusive: the step-time change crosses -5% over the repeats",
+        "verify-rotation": "no: validation loss 5%+ worse"}
+    # one repeat: the median rule alone
+    single = summarize({k: v for k, v in runs.items() if k.endswith("-r1")}).set_index("run")
+    assert single.verdict["verify-dchag-l"] == "adopt" and single.repeats.eq(1).all()

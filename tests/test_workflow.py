@@ -133,9 +133,11 @@ def check_verification(results: Path) -> None:
     assert list(verdict.run) == ["verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l"]
     assert (verdict.steps == 8).all() and (verdict.step_s > 0).all() and (verdict.peak_mem_mib_max_rank > 0).all()
     assert verdict.set_index("run").verdict["verify-dp"] == "reference"
-    assert set(verdict.verdict) <= {"reference", "adopt", "no: step time not 5% lower", "no: validation loss 5%+ worse"}
+    assert set(verdict.verdict) <= {"reference", "adopt", "no: step time not 5% lower", "no: validation loss 5%+ worse",
+                                    "inconclusive: the step-time change crosses -5% over the repeats"}
+    assert (verdict.repeats == 1).all() and (verdict.step_s_min <= verdict.step_s_max).all()
     assert (results / "figures" / "verify.png").stat().st_size > 10_000
-    info = json.loads((results / "train" / "verify-compress" / "run.json").read_text())
+    info = json.loads((results / "train" / "verify-compress" / "run.json").read_text())  # verify.repeats 1: no -r suffix
     assert info["compression"]["hook"] == "int8_ef"
 
 
@@ -145,6 +147,20 @@ def check_report_in_browser(report: Path, figures: list[str]) -> None:
     shown = figures_shown(report)
     missing = [f for f in figures if f not in shown]
     assert not missing, f"figures not shown in {report}: {missing} (shown: {shown})"
+
+
+def test_verification_repeats_interleave(tmp_path):
+    """verify.repeats: every method trained R times, repeat i of each before repeat i + 1 of any."""
+    extra = tmp_path / "verify.yaml"
+    extra.write_text("verify:\n  repeats: 3\n")
+    proc = snakemake(tmp_path, "verify", "-n", "--printshellcmds", configfile=[REPO / "config" / "config.yaml", extra])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    methods = ("verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l")
+    planned = [line.split("--run-name ")[1].split()[0] for line in out.splitlines() if "launch-train" in line]
+    assert sorted(planned) == sorted(f"{m}-r{i}" for m in methods for i in (1, 2, 3))
+    order = [int(name.rsplit("-r", 1)[1]) for name in planned]
+    assert order == sorted(order), planned  # Snakemake lists jobs in a valid order: repeats never overtake
 
 
 @pytest.mark.parametrize(

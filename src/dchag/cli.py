@@ -332,7 +332,8 @@ def cmd_verify_report(args) -> None:
     df = verify.summarize(runs, tolerance=args.tolerance)
     verify.write(df, args.output)
     verify.figure(runs, df, args.figure)
-    print(df[["run", "step_s", "comm_s", "peak_mem_mib_max_rank", "final_val_loss", "step_time_change", "verdict"]].to_string(index=False))
+    print(df[["run", "repeats", "step_s", "step_s_min", "step_s_max", "comm_s", "peak_mem_mib_max_rank", "final_val_loss",
+              "step_time_change", "verdict"]].to_string(index=False))
 
 
 # -- parser --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 import hashlib
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -164,7 +165,7 @@ def verify_runs():
     dp_train = {**common, "batch_size": batch // nproc}
     ddp = {"tp": 1, "strategy": "baseline", "dp": "ddp"}
     task = v.get("task", "forecast")
-    return {
+    runs = {
         "verify-dp": {
             "task": task,
             "model": {"aggregation": "baseline"},
@@ -194,6 +195,13 @@ def verify_runs():
             "train": {**common, "batch_size": batch},
         },
     }
+    repeats = int(v.get("repeats", 1))
+    if repeats == 1:
+        return runs
+    # repeat i of every method runs before repeat i + 1 of any (previous_repeat)
+    return {
+        f"{name}-r{i}": run for i in range(1, repeats + 1) for name, run in runs.items()
+    }
 
 
 VERIFY_RUNS = verify_runs()
@@ -218,8 +226,22 @@ def _task_sections(run):
 def train_inputs(wildcards):
     task = ALL_RUNS[wildcards.run]["task"]
     if task == "forecast":
-        return [f"{RESULTS}/era5/train.zarr", f"{RESULTS}/era5/val.zarr"]
-    return [f"{RESULTS}/hsi/{'mae' if task == 'mae' else 'classification'}.zarr"]
+        data = [f"{RESULTS}/era5/train.zarr", f"{RESULTS}/era5/val.zarr"]
+    else:
+        data = [f"{RESULTS}/hsi/{'mae' if task == 'mae' else 'classification'}.zarr"]
+    return data + previous_repeat(wildcards.run)
+
+
+def previous_repeat(run):
+    """Verification repeat i of a method waits for repeat i - 1 of every method: the repeats
+    interleave, so a slow spell of a shared machine does not fall on one method only."""
+    m = re.fullmatch(r"(verify-.+)-r(\d+)", run)
+    if not m or int(m.group(2)) == 1:
+        return []
+    prev = f"-r{int(m.group(2)) - 1}"
+    return [
+        f"{RESULTS}/train/{name}/log.csv" for name in VERIFY_RUNS if name.endswith(prev)
+    ]
 
 
 def train_config_arg(wildcards):

@@ -22,6 +22,8 @@ from .costmodel import STRATEGIES, Prediction, Workload, article_ratio, predict
 from .hardware import Compute, Hardware
 
 ADOPT_THRESHOLD = 0.05
+LOSSY = {"rotation": "a subset of the channel groups per step", "compress-int8-ef": "8-bit gradients",
+         "compress-fp16": "16-bit gradients", "fixed-group": "another aggregation than the model's"}
 
 
 def regime(dp: Prediction, latency_s: float) -> str:
@@ -67,6 +69,10 @@ def advise(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate: Compu
     else:
         choice = "dp" if dp_row["fits"] else best["strategy"]
         reasons.append(f"no strategy beats data parallelism by more than {ADOPT_THRESHOLD:.0%}: keep {choice}")
+    if choice in LOSSY:
+        check = "a run with train.rotation set" if choice == "rotation" else "`snakemake verify`"
+        reasons.append(f"{choice} changes what each step computes ({LOSSY[choice]}): compare its validation loss with "
+                       f"data parallelism's ({check}) before adopting it")
     if reg == "latency-bound":
         reasons.append("latency-bound: fewer synchronisations help most (larger buckets, gradient accumulation, local SGD)")
     return {"regime": reg, "recommendation": choice, "reasons": reasons, "table": table,

@@ -322,6 +322,8 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
         act = w.front_activations(front_channels, agg, groups) + w.backbone_activations(1)
         state = params * BYTES_PER_PARAM_STATE
         note = ""
+        if strategy == "rotation":
+            note = f"trains {w.rotation_fraction:.0%} of the channel groups per step"
         if strategy == "fsdp-zero2":
             rs = hwm.all_gather(params * grad_bytes, gpus, hw, g)
             ag = hwm.all_gather(params * 2, gpus, hw, g)
