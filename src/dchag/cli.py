@@ -162,7 +162,8 @@ def cmd_launch_train(args) -> None:
     cfg = _config(args)
     train = cfg.get("train", {})
     launch(args.nproc or train.get("nproc", 1), train.get("max_restarts", 1) if args.max_restarts is None else args.max_restarts,
-           ["--config", args.config, "--run-name", args.run, "--output", args.output, *(["--data-root", args.data_root] if args.data_root else [])])
+           ["--config", args.config, "--run-name", args.run, "--output", args.output, *(["--data-root", args.data_root] if args.data_root else [])],
+           args.threads_per_rank)
 
 
 def cmd_train_summary(args) -> None:
@@ -439,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data-root")
     sp.add_argument("--nproc", type=int, help="processes per node (default: train.nproc)")
     sp.add_argument("--max-restarts", type=int, help="default: train.max_restarts")
+    sp.add_argument("--threads-per-rank", type=int,
+                    help="OpenMP/MKL/BLAS threads of each rank (default: the environment's, as torchrun passes them)")
 
     sp = add("train-summary", cmd_train_summary, "table of losses per run and D-CHAG vs baseline, from training logs")
     sp.add_argument("logs", nargs="+", help="log.csv files of training runs")

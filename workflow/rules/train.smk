@@ -27,14 +27,15 @@ rule train:
         cfg=train_config_arg,
         nproc=TRAIN.get("nproc", 2),
         restarts=TRAIN.get("max_restarts", 1),
-        # Snakemake exports OMP_NUM_THREADS = the job's threads, which torchrun keeps for
-        # every rank: nproc ranks x threads would oversubscribe the cores.
-        omp=lambda w, threads: max(1, threads // int(TRAIN.get("nproc", 2))),
+        # the job's threads over its ranks (Snakemake exports OMP/MKL/BLAS thread counts =
+        # the job's threads, which torchrun would pass to every rank)
+        rank_threads=lambda w, threads: max(1, threads // int(TRAIN.get("nproc", 2))),
         outdir=lambda w, output: Path(output.log).parent,
         data=lambda w, input: Path(input[0]).parents[1],
     shell:
-        "OMP_NUM_THREADS={params.omp} {params.launch} launch-train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
-        "--data-root {params.data} --nproc {params.nproc} --max-restarts {params.restarts} > {log} 2>&1"
+        "{params.launch} launch-train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
+        "--data-root {params.data} --nproc {params.nproc} --max-restarts {params.restarts} "
+        "--threads-per-rank {params.rank_threads} > {log} 2>&1"
 
 
 rule train_summary:

@@ -54,7 +54,19 @@ def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[st
     return [*cmd, "-m", "dchag", "train", *train_args]
 
 
-def launch(nproc_per_node: int, max_restarts: int, train_args: list[str]) -> None:
+# The thread counts of the math libraries torch may use. Snakemake exports all of them as the
+# job's threads, and torchrun passes them to every rank unchanged (it only sets
+# OMP_NUM_THREADS=1 when none is set): with N ranks that oversubscribes the cores N times.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "NUMEXPR_NUM_THREADS")
+
+
+def rank_thread_env(env: dict, threads_per_rank: int) -> dict:
+    return {**env, **{k: str(threads_per_rank) for k in THREAD_VARS}}
+
+
+def launch(nproc_per_node: int, max_restarts: int, train_args: list[str], threads_per_rank: int | None = None) -> None:
     cmd = torchrun_command(nproc_per_node, max_restarts, train_args)
-    print(" ".join(cmd[:6]), "...", flush=True)
-    os.execvp(cmd[0], cmd)
+    env = rank_thread_env(dict(os.environ), threads_per_rank) if threads_per_rank else dict(os.environ)
+    print(" ".join(cmd[:6]), "...", f"({threads_per_rank} threads per rank)" if threads_per_rank else "", flush=True)
+    os.execvpe(cmd[0], cmd, env)
