@@ -45,7 +45,7 @@ def _one_run(name: str, d: Path, warmup: int) -> dict:
     slowest = slowest.median()
     val = log.dropna(subset=["val_loss"])
     return {
-        "run": _repeat_base(name), "steps": int(log.step.max()), "step_s": step_s, "forward_s": slowest.t_forward,
+        "run": _repeat_base(name), "steps": int(log.step.max()), "step_s": step_s, "data_s": slowest.t_data, "forward_s": slowest.t_forward,
         "backward_s": slowest.t_backward, "comm_s": slowest.t_comm, "optimizer_s": slowest.t_optimizer,
         "peak_mem_mib_max_rank": float(ranks.peak_mem_mib.max()), "final_val_loss": float(val.val_loss.iloc[-1]) if len(val) else np.nan,
     }
@@ -87,13 +87,13 @@ def write(df: pd.DataFrame, output: str | Path) -> Path:
 
 
 def figure(run_dirs: dict[str, Path], df: pd.DataFrame, output: str | Path) -> Path:
-    from ..figures import _color, _save, plt
+    from ..figures import _save, plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     names = list(df.run)
     x = np.arange(len(names))
     bottom = np.zeros(len(names))
-    for part, colour in (("forward_s", "#4c72b0"), ("backward_s", "#dd8452"), ("optimizer_s", "#55a868")):
+    for part, colour in (("data_s", "#8c8c8c"), ("forward_s", "#4c72b0"), ("backward_s", "#dd8452"), ("optimizer_s", "#55a868")):
         vals = df[part].to_numpy() * 1e3
         axes[0].bar(x, vals, bottom=bottom, color=colour, label=part.removesuffix("_s"))
         bottom += vals
@@ -105,7 +105,7 @@ def figure(run_dirs: dict[str, Path], df: pd.DataFrame, output: str | Path) -> P
     axes[0].set(xticks=x, ylabel="ms per step (slowest rank)", title="step time")
     axes[0].set_xticklabels([n.removeprefix("verify-") for n in names], rotation=20)
     axes[0].legend(fontsize=7)
-    axes[1].bar(x, df.peak_mem_mib_max_rank, color=[_color(n, i) for i, n in enumerate(names)])
+    axes[1].bar(x, df.peak_mem_mib_max_rank, color=[f"C{i}" for i in range(len(names))])
     axes[1].set(xticks=x, ylabel="MiB", title="peak memory, most loaded rank")
     axes[1].set_xticklabels([n.removeprefix("verify-") for n in names], rotation=20)
     first = {}
@@ -114,7 +114,9 @@ def figure(run_dirs: dict[str, Path], df: pd.DataFrame, output: str | Path) -> P
     for i, (name, verdict) in enumerate(zip(df.run, df.verdict)):
         log, _ = _read(Path(first[name]))
         val = log.dropna(subset=["val_loss"])
-        axes[2].plot(val.step, val.val_loss, "o-", color=f"C{i}", label=f"{name.removeprefix('verify-')}: {verdict}")
+        ref = verdict == "reference"  # dashed and on top: methods that train alike would hide it
+        axes[2].plot(val.step, val.val_loss, "o--" if ref else "o-", color=f"C{i}", zorder=3 if ref else 2,
+                     label=f"{name.removeprefix('verify-')}: {verdict}")
     axes[2].set(xlabel="step", ylabel="validation loss", title="validation")
     axes[2].legend(fontsize=7)
     fig.suptitle("Verification experiment: does a lighter alternative pay off here?")
