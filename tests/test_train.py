@@ -308,3 +308,30 @@ def test_int8_error_feedback_resumes_with_its_residuals(data_root, tmp_path):
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+
+
+def test_step_peak_on_the_cpu_with_a_frozen_parameter():
+    """MemTracker on a model with a frozen parameter (the MAE decoder's fixed position
+    embedding); the peak covers parameters, gradients, optimizer state and activations."""
+    from dchag.model import ChannelViT, ModelConfig
+    from dchag.train.memory import step_peak
+
+    cfg = ModelConfig(in_channels=6, img_size=(16, 16), patch_size=4, embed_dim=32, depth=1, num_heads=4, task="mae",
+                      decoder_dim=16, decoder_depth=1, decoder_heads=2)
+    model = ChannelViT(cfg)
+    assert any(not p.requires_grad for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(4, 6, 16, 16)
+
+    def step():
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    with step_peak(torch.device("cpu"), model, opt) as mem:
+        step()
+    params = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+    assert mem["parameters"] == pytest.approx(params, rel=0.05)
+    assert mem["optimizer"] == pytest.approx(2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad) / 2**20, rel=0.05)
+    assert mem["total"] > mem["parameters"] + mem["optimizer"] and mem["activations"] > 0

@@ -35,6 +35,14 @@ def step_peak(device: torch.device, *tracked: nn.Module | torch.optim.Optimizer)
 
     tracker = MemTracker()
     tracker.track_external(*tracked)
+    # MemTracker registers a gradient hook on every parameter of every module it sees, which
+    # raises for a frozen one (the MAE decoder's fixed position embedding): mark those as
+    # hooked already, with handles that remove nothing.
+    for obj in tracked:
+        if isinstance(obj, nn.Module):
+            for p in obj.parameters():
+                if not p.requires_grad:
+                    tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
     with tracker:
         yield result
     per: dict[str, float] = {}
@@ -49,3 +57,8 @@ def step_peak(device: torch.device, *tracked: nn.Module | torch.optim.Optimizer)
         "optimizer": get(_MemRefType.OPT),
         "activations": get(_MemRefType.ACT, _MemRefType.TEMP),
     })
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
