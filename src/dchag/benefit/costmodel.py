@@ -136,22 +136,11 @@ class Workload:
     def tokenizer_flops(self, channels: int) -> float:
         return 2 * self.batch * channels * self.tokens * self.embed_dim * self.patch_size**2
 
-    def backbone_flops(self) -> float:
+    def block_flops(self) -> float:
+        """Forward FLOPs of one ViT block (matmuls and self-attention)."""
         b, l, d = self.batch, self.tokens, self.embed_dim
         h = self.mlp_ratio * d
-        return self.depth * b * (2 * l * (4 * d * d + 2 * d * h) + 4 * l * l * d)
-
-    def front_flops(self, channels: int, aggregation: str, groups: int) -> float:
-        """Tokenization and aggregation of ``channels`` held channels in ``groups`` groups."""
-        tok = self.tokenizer_flops(channels)
-        if aggregation == "baseline":
-            return tok + self._attn_flops(channels)
-        per_group = channels / groups
-        if aggregation == "linear":
-            partial = 2 * self.batch * self.tokens * self.embed_dim * channels
-        else:
-            partial = groups * self._attn_flops(int(round(per_group)))
-        return tok + partial
+        return b * (2 * l * (4 * d * d + 2 * d * h) + 4 * l * l * d)
 
     def head_flops(self) -> float:
         d = self.embed_dim
@@ -197,11 +186,10 @@ class Workload:
     def block_work(self, tp: int = 1) -> Work:
         (mm_r, mm_s), (o_r, o_s), ops, views = BLOCK
         u = self.unit()
-        b, l, d = self.batch, self.tokens, self.embed_dim
+        d = self.embed_dim
         h = self.mlp_ratio * d
-        flops = 3 * b * (2 * l * (4 * d * d + 2 * d * h) + 4 * l * l * d) / tp
         weights = WEIGHT_PASSES * 4 * (4 * d * d + 2 * d * h) / tp
-        return Work(flops, (mm_r + mm_s / tp) * u + weights, (o_r + o_s / tp) * u, ops, views,
+        return Work(3 * self.block_flops() / tp, (mm_r + mm_s / tp) * u + weights, (o_r + o_s / tp) * u, ops, views,
                     BLOCK_TP_LINEARS if tp > 1 else 0, BLOCK_TP_TENSORS if tp > 1 else 0, size=self.mlp_ratio * u / tp)
 
     def head_work(self) -> Work:
