@@ -211,15 +211,18 @@ class Workload:
             return parts + [self.linear_work(channels, self.tree)] + [Work(ops=LINEAR[0][2], views=LINEAR[0][3])] * (groups - 1)
         return parts + [self.query_work(per_group, 1, self.tree, count=groups)]
 
-    def step_work(self, channels: int, aggregation: str, groups: int, tp: int, final_inputs: int, params: float) -> list[Work]:
+    def step_work(self, channels: int, aggregation: str, groups: int, tp: int, final_inputs: int, params: float,
+                  fsdp: int = 1) -> list[Work]:
+        """One rank's step; ``fsdp``: the ranks FSDP shards the optimizer state over (its
+        parameters are all DTensors then)."""
         parts = self.front_work(channels, aggregation, groups, tp)
         if aggregation != "baseline":
             parts.append(self.query_work(final_inputs, tp))
         parts += [self.block_work(tp)] * self.depth + [self.head_work()]
         tensors = 3 + 2 + 2 + 4 + 1 + QUERY_TENSORS + BLOCK_TENSORS * self.depth  # tokenizer, lead, norm, head, pos, final, blocks
         tensors += {"baseline": 0, "linear": 2 * groups * (2 if self.tree else 1), "cross": QUERY_TENSORS * groups}[aggregation]
-        dtensors = (QUERY_TP_TENSORS + BLOCK_TP_TENSORS * self.depth) if tp > 1 else 0
-        return parts + [self.optimizer_work(params, tensors, dtensors)]
+        dtensors = tensors if fsdp > 1 else (QUERY_TP_TENSORS + BLOCK_TP_TENSORS * self.depth) if tp > 1 else 0
+        return parts + [self.optimizer_work(params / fsdp, tensors, dtensors)]
 
     # -- activations per GPU ----------------------------------------------------------------
     def unit(self) -> float:
@@ -302,9 +305,7 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
             agg, groups, front_channels = "linear", w.fixed_groups, max(1, int(round(c * w.rotation_fraction)))
         params = w.params(agg, groups)
         active = groups if strategy != "rotation" else max(1, int(round(groups * w.rotation_fraction)))
-        work = w.step_work(front_channels, agg, active, 1, active, params)
-        if strategy == "fsdp-zero2" or strategy == "fsdp-zero3":  # FSDP2 parameters are DTensors
-            work[-1] = w.optimizer_work(params / gpus, work[-1].ops / ADAM_OPS_PER_TENSOR, work[-1].ops / ADAM_OPS_PER_TENSOR)
+        work = w.step_work(front_channels, agg, active, 1, active, params, fsdp=gpus if strategy.startswith("fsdp") else 1)
         # rotation: the idle groups' tokenizer gradients are zero and not reduced
         reduced = params - (w.front_params(c, agg, groups) - w.front_params(front_channels, agg, groups)) if strategy == "rotation" else params
         act = w.front_activations(front_channels, agg, groups) + w.backbone_activations(1)

@@ -2,7 +2,7 @@
 written by matmul-type and by other operators, operators and views launched.
 
 The cost model's per-component counts (costmodel.TOKENIZER, LINEAR, QUERY, BLOCK, ...) are this
-implementation's; ``count_step`` recounts them on a real model (any size, one device), so a
+implementation's; ``count`` recounts them on a real model (any size, one device), so a
 change to the model that moves more bytes shows up as a failing test, not as a silently wrong
 prediction.
 """

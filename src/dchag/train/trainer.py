@@ -424,13 +424,14 @@ class Trainer:
             t_comm = (comm.take() + (self.hook_state.take_seconds() if self.hook_state else 0.0)) if isinstance(comm, _CommTimer) else None
             if measure_memory:
                 peak_mib = mem["total"]
-            if measure_memory and self.device.type == "cpu":
+            untimed = measure_memory and self.device.type == "cpu"  # MemTracker's bookkeeping slowed this step
+            if untimed:
                 times = StepTimes(*[float("nan")] * 4)
                 t_comm = float("nan") if t_comm is not None else None
             step += 1
             steps_run += 1
             row = {"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": self.sched.get_last_lr()[0], "grad_norm": grad_norm,
-                   "samples_per_s": self.batch / max(1e-9, t4 - t0) if times.data == times.data else float("nan"),
+                   "samples_per_s": float("nan") if untimed else self.batch / max(1e-9, t4 - t0),
                    "peak_mem_mib": peak_mib, **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": t_comm}
             if step % val_every == 0 or step == self.steps:
                 row.update(self.validate())
