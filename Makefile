@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-# The main job: the default demo pipeline (config/config.yaml); results land in results/demo/.
+# The main job: the default demo pipeline (config/demo.yaml); results land in results/demo/.
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --cores $(CORES)
 

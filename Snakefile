@@ -5,14 +5,24 @@ from snakemake.utils import min_version
 min_version("9.19")
 
 
-configfile: "config/config.yaml"
+# The demo (config/demo.yaml) is the config only when none is given: `--configfile FILE` runs
+# exactly what FILE asks for, nothing of the demo is merged under it.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/demo.yaml"
 
 
 report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/era5.smk"
+
+
+if "era5" in config:
+
+    include: "workflow/rules/era5.smk"
+
+
 include: "workflow/rules/hsi.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"

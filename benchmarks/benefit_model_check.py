@@ -47,7 +47,7 @@ def main() -> None:
         # the demo config's model is the model benchmark's: width 64, depth 2, heads 4, 32x64 image, patch 4;
         # its efficiency is set on 128 channels, data-parallel layout: none of the checked configurations
         subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", str(t), "-m", "dchag", "calibrate",
-                        "--config", str(REPO / "config" / "config.yaml"), "--channels", "128", "--batch", "2", "--output",
+                        "--config", str(REPO / "config" / "demo.yaml"), "--channels", "128", "--batch", "2", "--output",
                         str(hw_file)], env=env, check=True)
         hws[t] = Hardware.from_yaml(hw_file)
     bench = out.with_name(out.name + "_measured")

@@ -10,8 +10,8 @@ import spectral.io.envi as envi
 import xarray as xr
 
 from dchag.hsi import demo
-from dchag.hsi.bands import BandError, select_bands
-from dchag.hsi.preprocess import BandOptions, disjoint_split, preprocess_classification, preprocess_tiles, stratified_split
+from dchag.hsi.bands import SENSORS, BandError, select_bands
+from dchag.hsi.preprocess import BandOptions, disjoint_split, disjoint_split_placing_classes, preprocess_classification, preprocess_tiles, stratified_split
 from dchag.hsi.readers import HsiInputError, read_image, read_labels
 
 
@@ -77,7 +77,7 @@ def test_envi_header_and_data_disagree(tmp_path, scene):
     ],
 )
 def test_presets_give_the_published_bands(preset, bands, kept, dropped0):
-    keep, _ = select_bands(bands, preset=preset)
+    keep = select_bands(bands, preset=preset).keep
     assert keep.size == kept
     assert sorted(set(range(bands)) - set(keep.tolist())) == dropped0
 
@@ -85,14 +85,15 @@ def test_presets_give_the_published_bands(preset, bands, kept, dropped0):
 def test_bbl_wins_and_explicit_lists_and_wavelengths():
     bbl = np.ones(220)
     bbl[[0, 5]] = 0
-    keep, how = select_bands(220, bbl=bbl, preset="indian_pines")
-    assert keep.size == 218 and "bbl" in how
-    keep, _ = select_bands(10, drop_bands="1-3, 10")
+    sel = select_bands(220, bbl=bbl, preset="indian_pines")
+    assert sel.keep.size == 218 and "bbl" in sel.how
+    keep = select_bands(10, drop_bands="1-3, 10").keep
     assert keep.tolist() == [3, 4, 5, 6, 7, 8]
     wl = np.linspace(380, 1000, 32)
-    keep, _ = select_bands(32, wavelengths=wl, preset="vnir_400_900")
-    assert wl[keep].min() >= 400 and wl[keep].max() <= 900
-    keep, _ = select_bands(32, wavelengths=wl, drop_wavelengths=[[700, 800]])
+    sel = select_bands(32, wavelengths=wl, preset="vnir_400_900")
+    assert wl[sel.keep].min() >= 400 and wl[sel.keep].max() <= 900
+    assert np.array_equal(sel.wavelengths, wl[sel.keep]) and sel.wavelength_source == "the file's header"
+    keep = select_bands(32, wavelengths=wl, drop_wavelengths=[[700, 800]]).keep
     assert not np.any((wl[keep] >= 700) & (wl[keep] <= 800))
 
 
@@ -102,7 +103,7 @@ def test_bbl_wins_and_explicit_lists_and_wavelengths():
         (dict(num_bands=10, drop_bands="9-12"), r"9-12 is outside the image's bands 1..10"),
         (dict(num_bands=10, drop_bands="1-10"), "removes every band"),
         (dict(num_bands=220, preset="indain_pines"), "unknown band preset 'indain_pines'"),
-        (dict(num_bands=200, preset="indian_pines"), "preset 'indian_pines' is for 220 bands, the image has 200"),
+        (dict(num_bands=199, preset="indian_pines"), r"preset 'indian_pines' is for 220 bands \(the sensor's\) or 200 .* the image has 199"),
     ],
 )
 def test_band_errors(kw, match):
@@ -222,3 +223,126 @@ def test_demo_scene_is_grounded_in_real_bands_and_spectra(scene):
     em = demo.endmembers(centres, fwhm)
     veg = em[2]  # red maple: the red edge between ~680 and ~780 nm
     assert veg[np.argmin(abs(centres - 800))] > 2 * veg[np.argmin(abs(centres - 670))]
+
+
+# -- the published files as people have them ------------------------------------------------------
+AVIRIS_IP = np.loadtxt(SENSORS / "aviris_indian_pines_1992.txt")[:, 0]
+IP_KEPT = [*range(1, 104), *range(109, 150), *range(164, 220)]  # AVIRIS numbering, published
+
+
+def test_corrected_indian_pines_keeps_every_band_numbered_as_the_sensor(tmp_path):
+    """Indian_pines_corrected.mat (key indian_pines_corrected, 145x145x200) with the config's
+    preset: nothing more is removed, bands are recorded as AVIRIS 1..220 numbers, wavelengths
+    are the 1992 flight's band centres; the uncorrected 220-band file gives the same bands."""
+    rng = np.random.default_rng(0)
+    full = rng.integers(1000, 5000, (145, 145, 220)).astype(np.uint16)
+    labels = np.zeros((145, 145), np.uint8)
+    labels[10:60, 10:60], labels[80:140, 20:70], labels[20:130, 90:140] = 1, 2, 3
+    scipy.io.savemat(tmp_path / "Indian_pines_corrected.mat", {"indian_pines_corrected": full[:, :, np.array(IP_KEPT) - 1]})
+    scipy.io.savemat(tmp_path / "Indian_pines.mat", {"indian_pines": full})
+    scipy.io.savemat(tmp_path / "Indian_pines_gt.mat", {"indian_pines_gt": labels})
+    stores = {}
+    for name, key in (("Indian_pines_corrected", "indian_pines_corrected"), ("Indian_pines", "indian_pines")):
+        out = preprocess_classification(str(tmp_path / f"{name}.mat"), str(tmp_path / "Indian_pines_gt.mat"), tmp_path / f"{name}.zarr",
+                                        BandOptions(preset="indian_pines", key=key), labels_key="indian_pines_gt", patch=5)
+        stores[name] = open_group(out, "train")
+    corrected, full_store = stores["Indian_pines_corrected"], stores["Indian_pines"]
+    assert corrected.attrs["kept_bands_1based"] == IP_KEPT == full_store.attrs["kept_bands_1based"]
+    assert corrected.sensor_band.values.tolist() == IP_KEPT
+    assert corrected.band.values.tolist() == list(range(200))  # the file's own band indices
+    assert np.allclose(corrected.wavelength.values, AVIRIS_IP[np.array(IP_KEPT) - 1])
+    assert corrected.wavelength.values[0] == pytest.approx(400.02, abs=0.01)
+    assert "92AV3C" in corrected.attrs["wavelength_source"] and "already has the water-absorption" in corrected.attrs["band_selection"]
+    assert np.array_equal(corrected.patches.values, full_store.patches.values)
+
+
+@pytest.mark.parametrize("preset, bands, first_nm, last_nm", [("salinas", 204, 400.0, 2500.0), ("pavia_university", 103, 430.0, 860.0)])
+def test_presets_fill_wavelengths_for_mat_files(preset, bands, first_nm, last_nm):
+    sel = select_bands(bands, preset=preset)
+    assert sel.wavelengths is not None and np.all(np.diff(sel.wavelengths) > 0) and sel.wavelength_source
+    assert sel.wavelengths[0] == pytest.approx(first_nm) and sel.wavelengths[-1] <= last_nm
+    if preset == "salinas":  # the corrected file: AVIRIS bands 1..224 less 108-112, 154-167, 224
+        assert sel.sensor_bands[107] == 113 and sel.sensor_bands[-1] == 223
+
+
+def test_ground_truth_under_another_name(tmp_path, caplog):
+    """Copies of PaviaU_gt.mat that call the variable hyperimg_gt: the only 2-D variable is used
+    and the log says so; with two candidates the error lists them."""
+    labels = np.zeros((30, 20), np.uint8)
+    labels[2:10, 2:10] = 1
+    scipy.io.savemat(tmp_path / "PaviaU_gt.mat", {"hyperimg_gt": labels})
+    with caplog.at_level("WARNING"):
+        got = read_labels(str(tmp_path / "PaviaU_gt.mat"), "paviaU_gt")
+    assert np.array_equal(got, labels) and "hyperimg_gt" in caplog.text and "paviaU_gt" in caplog.text
+    scipy.io.savemat(tmp_path / "two.mat", {"a_gt": labels, "b_gt": labels})
+    with pytest.raises(HsiInputError, match=r"two.mat has no 2-D variable 'paviaU_gt'; its 2-D variables are \['a_gt', 'b_gt'\]"):
+        read_labels(str(tmp_path / "two.mat"), "paviaU_gt")
+
+
+def test_truncated_mat_file_is_named_as_such(tmp_path, mat_files):
+    data = mat_files[0].read_bytes()
+    cut = tmp_path / "cut.mat"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(HsiInputError, match=r"cut.mat \(\d+ bytes\) is truncated or corrupt"):
+        read_image(str(cut))
+
+
+def field_scene(rng) -> np.ndarray:
+    """A 145x145 label map of fields, as agricultural scenes are: large and small rectangles,
+    one class in a single small field."""
+    labels = np.zeros((145, 145), np.int64)
+    k = 1
+    for r0 in range(0, 140, 28):
+        for c0 in range(0, 140, 35):
+            h, w = rng.integers(18, 27), rng.integers(20, 34)
+            labels[r0:r0 + h, c0:c0 + w] = k % 9 + 1
+            k += 1
+    labels[100:105, 60:64] = 10  # 20 pixels in one place, like Oats
+    return labels
+
+
+def test_disjoint_split_keeps_every_class_that_fits(tmp_path):
+    """Blocks placed per class: every class with room for a whole window in three places is in
+    every split, windows never overlap, and counts per class and split are stored; a class that
+    cannot be placed stops the run unless the config says warn."""
+    rng = np.random.default_rng(4)
+    labels = field_scene(rng)
+    for seed in range(5):
+        if seed == 0:  # the default 2 x patch blocks are too coarse for this scene: one class misses a split
+            coarse, _ = disjoint_split(labels, (0.1, 0.1, 0.8), seed=seed, block=22, patch=11)
+            assert min(np.bincount(labels.ravel()[v], minlength=11)[1:10].min() for v in coarse.values()) == 0
+        splits, _, block = disjoint_split_placing_classes(labels, (0.1, 0.1, 0.8), seed=seed, patch=11)
+        assert 11 <= block < 22
+        counts = {s: np.bincount(labels.ravel()[v], minlength=11)[1:] for s, v in splits.items()}
+        for k in range(9):
+            assert all(counts[s][k] > 0 for s in counts), (seed, k, counts)
+        wins = {s: _windows(v, 145, 11, labels.shape) for s, v in splits.items()}
+        assert not wins["train"] & wins["test"] and not wins["train"] & wins["val"] and not wins["val"] & wins["test"]
+    cube = rng.normal(size=(145, 145, 103)).astype(np.float32)
+    scipy.io.savemat(tmp_path / "PaviaU.mat", {"paviaU": cube})
+    scipy.io.savemat(tmp_path / "PaviaU_gt.mat", {"paviaU_gt": labels})
+    names = [f"c{k}" for k in range(1, 11)]
+    common = dict(labels_key="paviaU_gt", patch=11, split="disjoint", class_names=names)
+    with pytest.raises(HsiInputError, match=r"1 class\(es\) cannot be placed in every split: c10 \(20 pixels\): none in"):
+        preprocess_classification(str(tmp_path / "PaviaU.mat"), str(tmp_path / "PaviaU_gt.mat"), tmp_path / "e.zarr",
+                                  BandOptions(preset="pavia_university"), **common)
+    assert not (tmp_path / "e.zarr").exists()
+    out = preprocess_classification(str(tmp_path / "PaviaU.mat"), str(tmp_path / "PaviaU_gt.mat"), tmp_path / "w.zarr",
+                                    BandOptions(preset="pavia_university"), missing_class="warn", **common)
+    import json
+
+    train = open_group(out, "train")
+    stored = json.loads(train.attrs["class_counts"])
+    assert all(stored[s][k] > 0 for s in ("train", "val", "test") for k in range(9))
+    assert stored["train"] == np.bincount(train.label.values, minlength=11)[1:].tolist()
+    assert train.attrs["classes_missing_from_a_split"][0].startswith("c10")
+    assert np.isfinite(train.wavelength.values).all()
+
+
+def test_stores_open_the_default_way_without_warnings(tmp_path, mat_files):
+    import warnings
+
+    out = preprocess_classification(str(mat_files[0]), str(mat_files[1]), tmp_path / "c.zarr", BandOptions(preset="indian_pines"), patch=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert xr.open_zarr(out, group="train").sizes["sample"] > 0

@@ -81,7 +81,7 @@ def test_bad_model_configs_are_named(kw, match):
 
 def test_describe_model_cli():
     proc = subprocess.run(
-        [sys.executable, "-m", "dchag", "describe-model", "--config", str(REPO / "config" / "config.yaml"), "--channels", "1024", "--groups", "4"],
+        [sys.executable, "-m", "dchag", "describe-model", "--config", str(REPO / "config" / "demo.yaml"), "--channels", "1024", "--groups", "4"],
         capture_output=True, text=True, check=True,
     )
     lines = {line.split("  ")[0].strip(): line for line in proc.stdout.splitlines() if "Tree" in line or "baseline" in line}

@@ -21,7 +21,7 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snake
 
 def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None):
     cmd = [*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args]
-    files = configfile if isinstance(configfile, list) else [configfile or REPO / "config" / "config.yaml"]
+    files = configfile if isinstance(configfile, list) else [configfile or REPO / "config" / "demo.yaml"]
     cmd += ["--configfile", *map(str, files)]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -88,7 +88,7 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     extra.write_text("verify:\n  steps: 8\n")
     missing = snakemake(tmp_path, "verify", "-n")
     assert missing.returncode != 0 and "needs a 'verify' section" in missing.stderr + missing.stdout
-    verify = snakemake(tmp_path, "verify", configfile=[REPO / "config" / "config.yaml", extra])
+    verify = snakemake(tmp_path, "verify", configfile=[REPO / "config" / "demo.yaml", extra])
     assert verify.returncode == 0, verify.stderr[-3000:]
     check_verification(tmp_path / "results" / "demo")
 
@@ -153,7 +153,7 @@ def test_verification_repeats_interleave(tmp_path):
     """verify.repeats: every method trained R times, repeat i of each before repeat i + 1 of any."""
     extra = tmp_path / "verify.yaml"
     extra.write_text("verify:\n  repeats: 3\n")
-    proc = snakemake(tmp_path, "verify", "-n", "--printshellcmds", configfile=[REPO / "config" / "config.yaml", extra])
+    proc = snakemake(tmp_path, "verify", "-n", "--printshellcmds", configfile=[REPO / "config" / "demo.yaml", extra])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     methods = ("verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l")
@@ -176,7 +176,7 @@ def test_verification_repeats_interleave(tmp_path):
     ids=["misspelled key", "wrong type", "missing input file"],
 )
 def test_bad_config_stops_before_any_job(tmp_path, edit, expected):
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     edit(cfg)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -199,7 +199,7 @@ def test_slurm_profile_plans_the_workflow_with_site_resources(tmp_path):
     and the config's training layout; the real cluster run is tests/test_slurm.py."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
     cmd = [*SNAKEMAKE, "--directory", str(tmp_path), "--workflow-profile", "slurm", "-n",
-           "--configfile", str(REPO / "config" / "config.yaml")]
+           "--configfile", str(REPO / "config" / "demo.yaml")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

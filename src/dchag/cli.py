@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .config import schema_default
 
 
 def _config(args) -> dict:
@@ -38,15 +39,15 @@ def cmd_demo_era5(args) -> None:
     era5 = cfg["era5"]
     outdir = Path(args.outdir)
     years = sorted({y for split in era5["years"].values() for y in split})
-    levels = era5["channels"].get("pressure_level", {}).get("levels") or [500, 850]
+    levels = era5["channels"]["pressure_level"]["levels"] if "pressure_level" in era5["channels"] else []
     if args.year is not None:
         years = [args.year]
     if args.constants_only:
         years = []
     for year in years:
-        demo.write_year(outdir, year, era5.get("demo_grid", 3.75), levels, era5.get("time_step_hours", 24))
+        demo.write_year(outdir, year, era5["demo_grid"], levels, era5["time_step_hours"])
     if args.year is None:
-        demo.write_constants(outdir, era5.get("demo_grid", 3.75))
+        demo.write_constants(outdir, era5["demo_grid"])
 
 
 def cmd_era5_weights(args) -> None:
@@ -97,19 +98,20 @@ def cmd_download_era5(args) -> None:
 def cmd_describe_model(args) -> None:
     from dataclasses import replace
 
+    from .config import settings
     from .model.build import model_config
     from .model.describe import describe, format_table
 
-    cfg = _config(args)
+    cfg = settings(_config(args))
     mcfg = model_config(cfg, task=args.task, num_classes=args.num_classes or (16 if args.task == "classify" else 0))
     if args.channels:
         mcfg = replace(mcfg, in_channels=args.channels, out_channels=[c for c in mcfg.out_channels if c < args.channels])
-    groups = args.groups or cfg.get("parallel", {}).get("tp", 1)
+    groups = args.groups or cfg.parallel.tp
     rows = describe(mcfg, groups)
     if args.json:
-        import json
+        from . import jsonio
 
-        print(json.dumps(rows, indent=1))
+        print(jsonio.dumps(rows, indent=1))
     else:
         print(format_table(rows, mcfg, groups))
 
@@ -142,11 +144,12 @@ def cmd_preprocess_hsi(args) -> None:
     if args.labels:
         preprocess_classification(
             args.input[0], args.labels, args.output, opts, labels_key=args.labels_key, patch=args.patch,
-            split=args.split, fractions=args.fractions or (0.1, 0.1, 0.8), seed=args.seed, block=args.block,
-            class_names=args.class_names.split(",") if args.class_names else None, config=provenance_cfg,
+            split=args.split, fractions=args.fractions or schema_default("hsi.classification.fractions"), seed=args.seed, block=args.block,
+            class_names=args.class_names.split(",") if args.class_names else None, missing_class=args.missing_class,
+            config=provenance_cfg,
         )
     else:
-        preprocess_tiles(args.input, args.output, opts, tile=args.tile, fractions=args.fractions or (0.8, 0.1, 0.1),
+        preprocess_tiles(args.input, args.output, opts, tile=args.tile, fractions=args.fractions or schema_default("hsi.mae.fractions"),
                          seed=args.seed, config=provenance_cfg)
 
 
@@ -157,11 +160,11 @@ def cmd_train(args) -> None:
 
 
 def cmd_launch_train(args) -> None:
+    from .config import settings
     from .train.launch import launch
 
-    cfg = _config(args)
-    train = cfg.get("train", {})
-    launch(args.nproc or train.get("nproc", 1), train.get("max_restarts", 1) if args.max_restarts is None else args.max_restarts,
+    train = settings(_config(args)).train
+    launch(args.nproc or train.nproc, train.max_restarts if args.max_restarts is None else args.max_restarts,
            ["--config", args.config, "--run-name", args.run, "--output", args.output, *(["--data-root", args.data_root] if args.data_root else [])],
            args.threads_per_rank)
 
@@ -414,16 +417,20 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--preset", help="band preset: indian_pines, salinas, pavia_university, vnir_400_900")
     which.add_argument("--drop-bands", help="1-based bands to drop, e.g. 104-108,150-163,220")
     sp.add_argument("--drop-wavelengths", nargs="*", help="nm ranges to drop, e.g. 1340-1450 1800-1960")
-    sp.add_argument("--patch", type=int, default=11)
-    sp.add_argument("--split", choices=["stratified", "disjoint"], default="stratified")
+    # defaults: the config schema's (hsi section)
+    sp.add_argument("--patch", type=int, default=schema_default("hsi.classification.patch"))
+    sp.add_argument("--split", choices=["stratified", "disjoint"], default=schema_default("hsi.classification.split"))
     sp.add_argument("--block", type=int, help="disjoint split block size (default 2 x patch)")
-    sp.add_argument("--tile", type=int, default=32, help="tile size for masked autoencoding")
-    sp.add_argument("--fractions", type=_parse_fractions, help="train,val,test (default 0.1,0.1,0.8 patches; 0.8,0.1,0.1 tiles)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--missing-class", choices=["error", "warn"], default=schema_default("hsi.classification.missing_class"),
+                    help="a class absent from a split stops the run (error) or is reported (warn)")
+    sp.add_argument("--tile", type=int, default=schema_default("hsi.mae.tile"), help="tile size for masked autoencoding")
+    sp.add_argument("--fractions", type=_parse_fractions, help="train,val,test (default %s patches; %s tiles)" % (
+        ",".join(map(str, schema_default("hsi.classification.fractions"))), ",".join(map(str, schema_default("hsi.mae.fractions")))))
+    sp.add_argument("--seed", type=int, default=schema_default("hsi.classification.seed"))
     sp.add_argument("--class-names", help="comma-separated, in label order 1..K")
-    sp.add_argument("--nan-policy", choices=["fail", "fill"], default="fail")
+    sp.add_argument("--nan-policy", choices=["fail", "fill"], default=schema_default("hsi.nan_policy"))
     sp.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"), help="clip to these percentiles of the training pixels")
-    sp.add_argument("--band-chunk", type=int, default=32)
+    sp.add_argument("--band-chunk", type=int, default=schema_default("hsi.band_chunk"))
     sp.add_argument("--output", required=True)
 
     sp = add("train", cmd_train, "train one run (the torchrun entry point: torchrun --nproc-per-node N -m dchag train ...)")

@@ -1,14 +1,23 @@
-"""Loading and checking the pipeline config against ``schemas/config.schema.yaml``.
+"""Loading and checking the pipeline config against ``schemas/config.schema.yaml``, and the
+typed view of it that the code reads.
 
-The Snakefile validates with Snakemake's ``validate`` (same schema) and then calls
-:func:`check_config`; the CLI loads files with :func:`load_config`, which does both.
+Defaults live in the schema only: validation fills every default in, and the dataclasses
+below have no defaults of their own, so a key the schema does not default is an error here
+rather than a silent fallback somewhere else. The Snakefile validates with Snakemake's
+``validate`` (same schema) and then calls :func:`check_config`; the CLI loads files with
+:func:`load_config`, which does both; :func:`settings` and :func:`run_settings` give the
+typed objects.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
+import types
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +37,20 @@ def schema() -> dict:
         return yaml.safe_load(f)
 
 
+def schema_default(dotted: str):
+    """The schema's default of a key, e.g. ``hsi.classification.patch`` (for the standalone
+    commands' flags: one place for every default)."""
+    sch = schema()
+    node = sch
+    for part in dotted.split("."):
+        node = node["properties"][part]
+        if "$ref" in node:
+            node = sch["$defs"][node["$ref"].rsplit("/", 1)[1]] | {k: v for k, v in node.items() if k != "$ref"}
+    if "default" not in node:
+        raise KeyError(f"the config schema has no default for {dotted}")
+    return copy.deepcopy(node["default"])
+
+
 def _with_defaults(validator_class):
     """A validator that also fills in schema defaults (as Snakemake's validate does)."""
     validate_properties = validator_class.VALIDATORS["properties"]
@@ -35,7 +58,7 @@ def _with_defaults(validator_class):
     def set_defaults(validator, properties, instance, sch):
         if isinstance(instance, dict):
             for key, sub in properties.items():
-                if "$ref" in sub:
+                if "$ref" in sub and "default" not in sub:
                     sub = validator.resolver.resolve(sub["$ref"])[1]
                 if "default" in sub and key not in instance:
                     instance[key] = copy.deepcopy(sub["default"])
@@ -44,7 +67,7 @@ def _with_defaults(validator_class):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
-def validate(config: dict, source: str = "config") -> dict:
+def validate(config: dict, source: str = "config", check_files: bool = True) -> dict:
     """Validate against the schema (filling defaults, in place) and return ``config``."""
     import warnings
 
@@ -58,7 +81,8 @@ def validate(config: dict, source: str = "config") -> dict:
             key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
             lines.append(f"  key '{key}': {err.message}")
         raise ConfigError(f"{source} is not a valid dchag config:\n" + "\n".join(lines))
-    check_config(config, source)
+    if check_files:
+        check_config(config, source)
     return config
 
 
@@ -84,7 +108,7 @@ def check_config(config: dict, source: str = "config") -> None:
         if era5.get("download") and sum("{year}" in p for p in era5["inputs"]) != 1:
             raise ConfigError(f"{source}: key 'era5.inputs': with era5.download set, give exactly one path with '{{year}}'")
         if not era5.get("demo", False) and not era5.get("download"):
-            missing = [p for y in sorted(seen) for p in era5_input_paths(era5, y) if not _exists(p)]
+            missing = list(dict.fromkeys(p for y in sorted(seen) for p in era5_input_paths(era5, y) if not _exists(p)))
             if era5.get("constants") and not _exists(era5["constants"]):
                 missing.append(era5["constants"])
             if missing:
@@ -108,10 +132,9 @@ def _check_hsi(hsi: dict, source: str) -> None:
     wanted = []
     if "classification" in hsi:
         wanted += [hsi["classification"]["image"], hsi["classification"]["labels"]]
-    missing = [p for p in wanted if not Path(p).exists()]
-    for pattern in hsi.get("mae", {}).get("images", []):
-        if not glob.glob(pattern):
-            missing.append(pattern)
+    if "mae" in hsi:
+        wanted += hsi["mae"]["images"]
+    missing = [p for p in dict.fromkeys(wanted) if not glob.glob(p)]
     if missing:
         raise ConfigError(f"{source}: key 'hsi': input file(s) not found:\n" + "\n".join(f"  {p}" for p in missing))
 
@@ -146,3 +169,205 @@ def load_config(spec: str | os.PathLike) -> dict:
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
     return validate(config, source)
+
+
+# -- the typed view ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decoder:
+    dim: int
+    depth: int
+    num_heads: int
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    patch_size: int
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_ratio: float
+    aggregation: str
+    groups: int | None
+    tree: int
+    channel_embedding: str
+    decoder: Decoder
+
+
+@dataclass(frozen=True)
+class ParallelSettings:
+    tp: int
+    strategy: str
+    dp: str
+    activation_checkpointing: bool
+    precision: str
+    fsdp_reshard_after_forward: bool
+    ddp_bucket_mb: float
+    comm_hook: str
+    powersgd_rank: int
+    compression_fallback: float
+
+
+@dataclass(frozen=True)
+class ForecastSettings:
+    outputs: list[str] | None
+    lead_hours: list[int]
+
+
+@dataclass(frozen=True)
+class MaeSettings:
+    mask_ratio: float
+    loss: str
+
+
+@dataclass(frozen=True)
+class Rotation:
+    fraction: float
+    lr_scale: float
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    nproc: int
+    nodes: int
+    gpus_per_node: int
+    max_restarts: int
+    seed: int
+    steps: int
+    batch_size: int
+    lr: float
+    betas: list[float]
+    weight_decay: float
+    warmup_steps: int
+    min_lr_ratio: float
+    grad_clip: float
+    checkpoint_every: int
+    val_every: int
+    val_batches: int
+    num_workers: int
+    prefetch_factor: int
+    measure_comm: bool
+    forecast: ForecastSettings
+    mae: MaeSettings
+    rotation: Rotation | None  # None: no channel-subset rotation
+    runs: dict[str, dict]
+
+
+@dataclass(frozen=True)
+class EvaluateSettings:
+    lead_hours: list[int]
+    conventions: list[str]
+    climax_batch_size: int | None
+    inference_batch_size: int
+    map_variable: str | None
+    model_benchmark: str
+    compare: dict[str, str]
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    task: str
+    steps: int | None
+    batch_size: int | None
+    groups: int
+    comm_hook: str
+    bucket_mb: float
+    tolerance: float
+    repeats: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A validated config, typed. The dataset sections stay mappings (every key defaulted by
+    the schema); ``raw`` is the validated dict (provenance records it)."""
+
+    name: str
+    era5: dict | None
+    hsi: dict | None
+    model: ModelSettings
+    parallel: ParallelSettings
+    train: TrainSettings
+    evaluate: EvaluateSettings
+    verify: VerifySettings | None
+    raw: dict
+
+
+@dataclass(frozen=True)
+class RunSettings(Settings):
+    """One training run: the top-level sections with the run's overrides merged in."""
+
+    run: str
+    task: str
+
+
+def _build(cls, value, where: str):
+    """``value`` (validated, defaults filled) as dataclass ``cls``; a missing or extra key is a
+    schema/dataclass disagreement and says which."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    extra = set(value) - names
+    missing = names - set(value)
+    if extra or missing:
+        raise ConfigError(f"config section '{where}': keys {sorted(missing)} missing, {sorted(extra)} unexpected "
+                          "(the schema and dchag.config disagree)")
+    kwargs = {}
+    for name in names:
+        hint, v = hints[name], value[name]
+        sub = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)] if isinstance(hint, types.UnionType) else []
+        target = hint if dataclasses.is_dataclass(hint) else (sub[0] if sub else None)
+        kwargs[name] = _build(target, v, f"{where}.{name}") if target is not None and v is not None else copy.deepcopy(v)
+    return cls(**kwargs)
+
+
+_SECTIONS = ("model", "parallel", "train")
+
+
+def _complete(config: dict) -> dict:
+    """``config`` with the model/parallel/train sections present (the schema defaults them
+    only when given, so a dataset-only file stays minimal)."""
+    out = copy.deepcopy(config)
+    for key in _SECTIONS:
+        out.setdefault(key, {})
+    return validate(out, "config", check_files=False)
+
+
+def settings(config: dict) -> Settings:
+    """The typed view of a validated config."""
+    c = _complete(config)
+    return Settings(
+        name=c["name"], era5=c.get("era5"), hsi=c.get("hsi"),
+        model=_build(ModelSettings, c["model"], "model"),
+        parallel=_build(ParallelSettings, c["parallel"], "parallel"),
+        train=_build(TrainSettings, {"runs": {}, "rotation": None, **c["train"]}, "train"),  # optional keys
+        evaluate=_build(EvaluateSettings, c["evaluate"], "evaluate"),
+        verify=_build(VerifySettings, c["verify"], "verify") if "verify" in c else None,
+        raw=config,
+    )
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (override or {}).items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def run_dict(config: dict, run: str) -> dict:
+    """The config of one training run as a validated dict: the top-level model / parallel /
+    train sections with the run's overrides merged in, ``train.runs`` holding only this run."""
+    runs = config.get("train", {}).get("runs", {})
+    if run not in runs:
+        raise ConfigError(f"config key 'train.runs': no run named {run!r}; runs are {', '.join(runs) or 'none'}")
+    spec = runs[run]
+    merged = {k: copy.deepcopy(v) for k, v in config.items() if k not in _SECTIONS}
+    for key in _SECTIONS:
+        merged[key] = deep_merge(config.get(key, {}), spec.get(key, {}))
+    merged["train"]["runs"] = {run: copy.deepcopy(spec)}
+    return _complete(merged)
+
+
+def run_settings(config: dict, run: str) -> RunSettings:
+    """The typed config of one training run (see :func:`run_dict`)."""
+    merged = run_dict(config, run)
+    base = settings(merged)
+    return RunSettings(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Settings)},
+                       run=run, task=merged["train"]["runs"][run]["task"])

@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, jsonio
 
 _PACKAGES = (
     "numpy", "scipy", "xarray", "zarr", "dask", "netCDF4", "h5py", "pandas",
@@ -56,7 +56,7 @@ def record(config: Any = None, **extra: Any) -> dict[str, Any]:
         "config": config,
     }
     rec.update(extra)
-    return json.loads(json.dumps(rec, default=str))
+    return json.loads(jsonio.dumps(rec))
 
 
 def as_attrs(rec: dict[str, Any]) -> dict[str, str]:

@@ -76,12 +76,28 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     _remove(tmp)
     try:
         yield tmp
+        if (tmp / "zarr.json").exists():
+            consolidate(tmp)
         if target.exists():
             _remove(target)
         os.replace(tmp, target)
     except BaseException:
         _remove(tmp)
         raise
+
+
+def consolidate(path: Path) -> None:
+    """Consolidated metadata in the store and in each of its groups, so that ``xr.open_zarr``
+    opens it (or ``group=...``) the default way without a warning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr: consolidated metadata is not yet in the v3 spec
+        root = zarr.open_group(store=str(path), mode="r")
+        groups = [name for name, _ in root.groups()]
+        for name in groups:
+            zarr.consolidate_metadata(str(path), path=name, zarr_format=3)
+        zarr.consolidate_metadata(str(path), zarr_format=3)
 
 
 def compressors() -> list:

@@ -1,3 +1,4 @@
+import functools
 import hashlib
 import json
 import re
@@ -8,12 +9,16 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from dchag.config import ConfigError, check_config, era5_input_paths
+from dchag.config import ConfigError, check_config, era5_input_paths, settings
 
 # Schema defaults are filled in by validate; an unknown key or wrong type stops here.
+CONFIG_SOURCE = (
+    ", ".join(map(str, workflow.overwrite_configfiles)) or "config/demo.yaml"
+)
 validate(config, schema="../schemas/config.schema.yaml")
 try:
-    check_config(config, "config")
+    check_config(config, CONFIG_SOURCE)
+    S = settings(config)  # the typed view: every default from the schema
 except ConfigError as err:
     raise WorkflowError(str(err))
 
@@ -54,10 +59,14 @@ def config_arg(*sections):
 
 
 # -- ERA5 ----------------------------------------------------------------------------------
-ERA5 = config.get("era5", {})
+ERA5 = S.era5 or {}
 ERA5_SPLITS = ("train", "val", "test")
 
-ERA5_WEIGHTS = f"{RESULTS}/era5/weights/{ERA5.get('regrid', {}).get('method', 'bilinear')}_{ERA5.get('grid', 5.625)}deg.nc"
+ERA5_WEIGHTS = (
+    f"{RESULTS}/era5/weights/{ERA5['regrid']['method']}_{ERA5['grid']}deg.nc"
+    if ERA5
+    else None
+)
 
 
 def era5_years(split=None):
@@ -71,7 +80,7 @@ def era5_year_store(year):
 
 def era5_inputs(year):
     paths = era5_input_paths(ERA5, int(year))
-    return paths + ([ERA5["constants"]] if ERA5.get("constants") else [])
+    return paths + ([ERA5["constants"]] if ERA5["constants"] else [])
 
 
 def era5_outputs():
@@ -82,13 +91,13 @@ def era5_outputs():
 
 
 # -- hyperspectral -------------------------------------------------------------------------
-HSI = config.get("hsi", {})
+HSI = S.hsi or {}
 HSI_DEMO_ENVI = "resources/demo/hsi/envi"
 
 
 def hsi_mae_inputs():
     """The demo's ENVI folder (made by a rule), or the user's images (globs expanded)."""
-    if HSI.get("demo"):
+    if HSI["demo"]:
         return [HSI_DEMO_ENVI]
     import glob
 
@@ -100,36 +109,43 @@ def hsi_flags(task):
     sec = HSI[task]
     flags = [
         "--seed",
-        sec.get("seed", 0),
+        sec["seed"],
         "--fractions",
         ",".join(map(str, sec["fractions"])),
     ]
     flags += [
         "--nan-policy",
-        HSI.get("nan_policy", "fail"),
+        HSI["nan_policy"],
         "--band-chunk",
-        HSI.get("band_chunk", 32),
+        HSI["band_chunk"],
     ]
-    if HSI.get("preset"):
+    if HSI["preset"]:
         flags += ["--preset", HSI["preset"]]
-    if HSI.get("drop_bands"):
+    if HSI["drop_bands"]:
         flags += ["--drop-bands", HSI["drop_bands"]]
-    if HSI.get("drop_wavelengths"):
+    if HSI["drop_wavelengths"]:
         flags += [
             "--drop-wavelengths",
             *[f"{lo}-{hi}" for lo, hi in HSI["drop_wavelengths"]],
         ]
-    if HSI.get("clip_percentiles"):
+    if HSI["clip_percentiles"]:
         flags += ["--clip", *HSI["clip_percentiles"]]
-    if sec.get("image_key"):
+    if sec["image_key"]:
         flags += ["--key", sec["image_key"]]
     if task == "classification":
-        flags += ["--patch", sec["patch"], "--split", sec["split"]]
-        if sec.get("block"):
+        flags += [
+            "--patch",
+            sec["patch"],
+            "--split",
+            sec["split"],
+            "--missing-class",
+            sec["missing_class"],
+        ]
+        if sec["block"]:
             flags += ["--block", sec["block"]]
-        if sec.get("labels_key"):
+        if sec["labels_key"]:
             flags += ["--labels-key", sec["labels_key"]]
-        if sec.get("class_names"):
+        if sec["class_names"]:
             flags += ["--class-names", ",".join(sec["class_names"])]
     else:
         flags += ["--tile", sec["tile"]]
@@ -145,26 +161,26 @@ def hsi_outputs():
 
 
 # -- training ------------------------------------------------------------------------------
-TRAIN = config.get("train", {})
-TRAIN_RUNS = TRAIN.get("runs", {})
+TRAIN = config.get("train", {})  # as written (a run's config file carries it)
+TRAIN_RUNS = S.train.runs
 
 
 def verify_runs():
     """The verification experiment (config `verify`): data parallelism, fixed channel groups,
     compression with bucketing and D-CHAG-L, the same task, steps and global batch."""
-    v = config.get("verify")
-    if not v:
+    v = S.verify
+    if v is None:
         return {}
-    nproc = int(TRAIN.get("nproc", 2))
-    batch = int(v.get("batch_size", TRAIN.get("batch_size", 8)))
+    nproc = S.train.nproc
+    batch = v.batch_size or S.train.batch_size
     if batch % nproc:
         raise WorkflowError(
             f"config key 'verify.batch_size': {batch} does not split over {nproc} data-parallel ranks"
         )
-    common = {"steps": int(v.get("steps", TRAIN.get("steps", 100)))}
+    common = {"steps": v.steps or S.train.steps}
     dp_train = {**common, "batch_size": batch // nproc}
     ddp = {"tp": 1, "strategy": "baseline", "dp": "ddp"}
-    task = v.get("task", "forecast")
+    task = v.task
     runs = {
         "verify-dp": {
             "task": task,
@@ -174,7 +190,7 @@ def verify_runs():
         },
         "verify-fixed-group": {
             "task": task,
-            "model": {"aggregation": "linear", "groups": int(v.get("groups", 4))},
+            "model": {"aggregation": "linear", "groups": v.groups},
             "parallel": ddp,
             "train": dp_train,
         },
@@ -183,8 +199,8 @@ def verify_runs():
             "model": {"aggregation": "baseline"},
             "parallel": {
                 **ddp,
-                "comm_hook": v.get("comm_hook", "int8_ef"),
-                "ddp_bucket_mb": float(v.get("bucket_mb", 1.0)),
+                "comm_hook": v.comm_hook,
+                "ddp_bucket_mb": v.bucket_mb,
             },
             "train": dp_train,
         },
@@ -195,7 +211,7 @@ def verify_runs():
             "train": {**common, "batch_size": batch},
         },
     }
-    repeats = int(v.get("repeats", 1))
+    repeats = v.repeats
     if repeats == 1:
         return runs
     # repeat i of every method runs before repeat i + 1 of any (previous_repeat)
@@ -256,23 +272,35 @@ def train_config_arg(wildcards):
     return config_file(cfg, "+".join([*sections, "train", wildcards.run]))
 
 
+@functools.cache
+def run_train(run):
+    """The train settings of a run (top-level with its overrides): processes, nodes, GPUs."""
+    from dchag.config import run_settings
+
+    return run_settings({**config, "train": {**TRAIN, "runs": ALL_RUNS}}, run).train
+
+
 def train_resources():
-    """Slurm resources of a training job: nodes x processes (GPUs) per node from the config;
-    with several nodes, one task per node started by srun (mpi). Site values (partition,
-    account, a typed gres) belong in the profile."""
-    nodes = int(TRAIN.get("nodes", 1))
-    res = {"runtime": 240, "mem_mb": 8000, "nodes": nodes, "tasks": nodes}
-    gpus = int(TRAIN.get("gpus_per_node", 0))
-    if gpus:
-        res["gres"] = f"gpu:{gpus}"
-    if nodes > 1:
-        res["mpi"] = "srun"
-    return res
+    """Slurm resources of a training job, per run: nodes x processes (GPUs) per node; with
+    several nodes, one task per node started by srun (mpi). Site values (partition, account,
+    a typed gres) belong in the profile."""
+    return {
+        "runtime": 240,
+        "mem_mb": 8000,
+        "nodes": lambda w: run_train(w.run).nodes,
+        "tasks": lambda w: run_train(w.run).nodes,
+        "gres": lambda w: (
+            f"gpu:{run_train(w.run).gpus_per_node}"
+            if run_train(w.run).gpus_per_node
+            else ""
+        ),
+        "mpi": lambda w: "srun" if run_train(w.run).nodes > 1 else "",
+    }
 
 
 def train_launcher(wildcards, resources):
     """`dchag` (one node) or `srun -n NODES --ntasks-per-node 1 dchag` (several Slurm nodes)."""
-    if getattr(resources, "nodes", 1) > 1:
+    if run_train(wildcards.run).nodes > 1:
         return f"{resources.mpi} -n {resources.tasks} --ntasks-per-node 1 {DCHAG}"
     return DCHAG
 
@@ -309,11 +337,9 @@ def runs_of(task):
 
 
 def run_strategy(run):
-    return (
-        TRAIN_RUNS[run]
-        .get("parallel", {})
-        .get("strategy", config.get("parallel", {}).get("strategy", "dchag"))
-    )
+    from dchag.config import run_settings
+
+    return run_settings(config, run).parallel.strategy
 
 
 FORECAST_RUNS = runs_of("forecast") if "era5" in config else []
@@ -330,7 +356,7 @@ def forecast_outputs():
     """The forecast variables (train.forecast.outputs, or the default five present)."""
     from dchag.model.build import era5_shape, forecast_outputs as outputs_of
 
-    return outputs_of(config, era5_shape(config)[0])
+    return outputs_of(S, era5_shape(S)[0])
 
 
 def comparisons():

@@ -6,7 +6,7 @@ wildcard_constraints:
     year=r"\d{4}",
 
 
-if ERA5.get("demo"):
+if ERA5 and ERA5["demo"]:
 
     rule era5_demo_year:
         output:
@@ -22,7 +22,7 @@ if ERA5.get("demo"):
         shell:
             "{params.dchag} demo-era5 --config {params.cfg} --year {wildcards.year} --outdir {params.outdir} > {log} 2>&1"
 
-    if ERA5.get("constants"):
+    if ERA5["constants"]:
 
         rule era5_demo_constants:
             output:
@@ -39,7 +39,7 @@ if ERA5.get("demo"):
                 "{params.dchag} demo-era5 --config {params.cfg} --constants-only --outdir {params.outdir} > {log} 2>&1"
 
 
-if ERA5.get("download"):
+if ERA5 and ERA5["download"]:
 
     rule download_era5_year:
         output:
@@ -53,7 +53,7 @@ if ERA5.get("download"):
         params:
             dchag=DCHAG,
             cfg=config_arg("era5"),
-            source=ERA5.get("download"),
+            source=ERA5["download"],
         shell:
             "{params.dchag} download-era5 --config {params.cfg} --year {wildcards.year} --source {params.source} "
             "--output {output} > {log} 2>&1"
@@ -146,10 +146,7 @@ rule era5_split:
 
 rule era5_climatology:
     input:
-        lambda w: [
-            era5_year_store(y)
-            for y in era5_years(ERA5.get("climatology_split", "test"))
-        ],
+        lambda w: [era5_year_store(y) for y in era5_years(ERA5["climatology_split"])],
     output:
         directory(f"{RESULTS}/era5/climatology.zarr"),
     log:

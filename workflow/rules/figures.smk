@@ -170,7 +170,7 @@ rule verify_report:
     params:
         dchag=DCHAG,
         runs=" ".join(f"{run}={RESULTS}/train/{run}" for run in VERIFY_RUNS),
-        tolerance=config.get("verify", {}).get("tolerance", 0.05),
+        tolerance=S.verify.tolerance if S.verify else None,
     shell:
         "{params.dchag} verify-report {params.runs} --tolerance {params.tolerance} "
         "--output {output.table} --figure {output.png} > {log} 2>&1"

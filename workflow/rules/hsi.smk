@@ -2,7 +2,7 @@
 # each one Zarr store with train/val/test groups.
 
 
-if HSI.get("demo"):
+if HSI and HSI["demo"]:
 
     rule hsi_demo:
         output:

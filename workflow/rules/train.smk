@@ -19,17 +19,17 @@ rule train:
         run="|".join(ALL_RUNS) or "NO_RUNS",
     conda:
         "../../envs/train.yaml"
-    threads: TRAIN.get("nproc", 2)
+    threads: lambda w: run_train(w.run).nproc
     resources:
         **train_resources(),
     params:
         launch=train_launcher,
         cfg=train_config_arg,
-        nproc=TRAIN.get("nproc", 2),
-        restarts=TRAIN.get("max_restarts", 1),
+        nproc=lambda w: run_train(w.run).nproc,
+        restarts=lambda w: run_train(w.run).max_restarts,
         # the job's threads over its ranks (Snakemake exports OMP/MKL/BLAS thread counts =
         # the job's threads, which torchrun would pass to every rank)
-        rank_threads=lambda w, threads: max(1, threads // int(TRAIN.get("nproc", 2))),
+        rank_threads=lambda w, threads: max(1, threads // run_train(w.run).nproc),
         outdir=lambda w, output: Path(output.log).parent,
         data=lambda w, input: Path(input[0]).parents[1],
     shell:

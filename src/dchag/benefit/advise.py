@@ -13,10 +13,10 @@ experiment's rule); otherwise stay with data parallelism.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from .. import jsonio
 from ..store import atomic_path
 from .costmodel import STRATEGIES, Prediction, Workload, article_ratio, predict
 from .hardware import Compute, Hardware
@@ -111,7 +111,7 @@ def write(result: dict, output: str | Path) -> Path:
     output = Path(output)
     with atomic_path(output) as tmp:
         if output.suffix == ".json":
-            tmp.write_text(json.dumps(result, indent=1, default=float))
+            tmp.write_text(jsonio.dumps(result, indent=1))
         else:
             tmp.write_text(format_table(result) + "\n")
     return output

@@ -33,17 +33,17 @@ def workload_from_config(config: dict, channels: int | None = None, batch: int |
                          image: tuple[int, int] | None = None, act_bytes: int = 2) -> Workload:
     """The cost model's workload for the config's model (forecasting), with the config's ERA5
     channels and grid unless ``channels`` / ``image`` say otherwise."""
-    from ..config import ConfigError
+    from ..config import ConfigError, settings
     from ..model.build import model_config
 
     if image is None and "era5" not in config:
         raise ConfigError("the config has no era5 section: pass the image size (--image H W) and --channels")
-    cfg = model_config(config, "forecast", in_channels=channels, img_size=image)
-    m = config.get("model", {})
+    s = settings(config)
+    cfg = model_config(s, "forecast", in_channels=channels, img_size=image)
     return Workload(channels=cfg.in_channels, embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads,
                     tokens=cfg.num_patches, patch_size=cfg.patch_size,
-                    batch=batch or int(config.get("train", {}).get("batch_size", 8)), mlp_ratio=cfg.mlp_ratio,
-                    act_bytes=act_bytes, out_channels=len(cfg.out_channels) or 5, tree=m.get("tree", 0))
+                    batch=batch or s.train.batch_size, mlp_ratio=cfg.mlp_ratio,
+                    act_bytes=act_bytes, out_channels=len(cfg.out_channels) or 5, tree=s.model.tree)
 
 
 def _time(fn, repeats: int, group=None, min_s: float = 0.0) -> float:
@@ -161,10 +161,11 @@ def _processor(w: Workload, device: torch.device, repeats: int) -> dict:
 
 def _model_step(config: dict, w: Workload, device: torch.device, channels: int | None, steps: int) -> float:
     """Seconds of one training step (AdamW) of the config's data-parallel (one-device) model."""
+    from ..config import settings
     from ..model import ChannelViT
     from ..model.build import model_config
 
-    cfg = model_config(config, "forecast", in_channels=channels)
+    cfg = model_config(settings(config), "forecast", in_channels=channels)
     cfg.aggregation, cfg.groups = "baseline", 1
     model = ChannelViT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -27,7 +27,7 @@ CDS_SINGLE_LEVELS = "reanalysis-era5-single-levels"
 def select_year(ds: xr.Dataset, era5: dict, year: int, origin: str) -> xr.Dataset:
     """The configured variables, levels and time steps of ``year`` from an ARCO-layout dataset."""
     channels = channels_from_config(era5)
-    step = era5.get("time_step_hours", 6)
+    step = era5["time_step_hours"]
     times = pd.DatetimeIndex(ds["time"].values)
     keep = times[(times.year == year) & (times.hour % step == 0)]
     if keep.size == 0:
@@ -76,7 +76,7 @@ def download_arco(era5: dict, year: int, output: str | Path, store: str | None =
 def cds_requests(era5: dict, year: int) -> list[tuple[str, dict]]:
     """The CDS API requests (dataset, request) for the configured channels of ``year``."""
     channels = channels_from_config(era5)
-    step = era5.get("time_step_hours", 6)
+    step = era5["time_step_hours"]
     base = {
         "product_type": ["reanalysis"],
         "year": [str(year)],

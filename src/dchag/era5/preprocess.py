@@ -18,6 +18,7 @@ import xarray as xr
 import zarr
 from tqdm.auto import tqdm
 
+from .. import jsonio
 from .. import provenance
 from ..grids import LatLonGrid, weatherbench_grid
 from ..regrid.backends import build_weights, resolve_backend
@@ -34,8 +35,8 @@ def make_weights(era5: dict, year: int, output: str | Path) -> RegridWeights:
     """Regridding weights from the inputs' grid to the target grid, saved in ESMF's format."""
     source = Era5Year(era5, year)
     try:
-        reg = era5.get("regrid", {})
-        weights = build_weights(source.grid, weatherbench_grid(era5.get("grid", 5.625)), reg.get("method", "bilinear"), reg.get("backend", "auto"))
+        reg = era5["regrid"]
+        weights = build_weights(source.grid, weatherbench_grid(era5["grid"]), reg["method"], reg["backend"])
     finally:
         source.close()
     weights.to_netcdf(output)
@@ -49,7 +50,7 @@ def _fill_nans(block: np.ndarray, ch: Channel, era5: dict, source: Era5Year, tim
         return 0
     _, name, path = source.where[ch.name]
     first = times[int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))]
-    if era5.get("nan_policy", "fail") == "fail":
+    if era5["nan_policy"] == "fail":
         raise Era5InputError(
             f"{count} NaN/inf value(s) in {name!r} ({ch.name}) of {path}, first at {first}; "
             "set era5.nan_policy: fill to fill them with the zonal mean"
@@ -91,13 +92,13 @@ def preprocess_year(era5: dict, year: int, weights_file: str | Path, output: str
     channel's weighted source rows, whatever the year's length."""
     source = Era5Year(era5, year)
     try:
-        target = weatherbench_grid(era5.get("grid", 5.625))
-        reg = era5.get("regrid", {})
-        method = reg.get("method", "bilinear")
+        target = weatherbench_grid(era5["grid"])
+        reg = era5["regrid"]
+        method = reg["method"]
         weights = RegridWeights.from_netcdf(weights_file, source.grid, target, method)
         times = source.times
         channels = source.channels
-        chunk = int(era5.get("time_chunk", 8))
+        chunk = era5["time_chunk"]
         shape = (len(times), len(channels), *target.shape)
         ds = xr.Dataset(
             {"data": (("time", "channel", "lat", "lon"), _lazy_empty(shape, chunk))},
@@ -106,14 +107,14 @@ def preprocess_year(era5: dict, year: int, weights_file: str | Path, output: str
                 **_channel_attrs(channels),
                 "year": year,
                 "units_note": "physical units (not normalised)",
-                "source_files": [*source.paths, *([era5["constants"]] if era5.get("constants") else [])],
+                "source_files": [*source.paths, *([era5["constants"]] if era5["constants"] else [])],
                 "source_note": "; ".join(source.source_notes) or "ERA5",
                 "source_grid": source.grid.describe(),
-                "grid": f"WeatherBench {era5.get('grid', 5.625)} deg: {target.describe()}",
+                "grid": f"WeatherBench {era5['grid']} deg: {target.describe()}",
                 "regrid_method": method,
                 "regrid_weights": str(weights_file),
                 "regrid_weights_origin": weights.origin,
-                "regrid_backend": resolve_backend(reg.get("backend", "auto")),
+                "regrid_backend": resolve_backend(reg["backend"]),
                 **provenance.as_attrs(provenance.record(config if config is not None else {"era5": era5})),
             },
         )
@@ -172,7 +173,7 @@ def normalization_stats(train_year_stores: list[str | Path], output: str | Path,
         "provenance": provenance.record(config),
     }
     with atomic_path(output) as tmp:
-        tmp.write_text(json.dumps(stats, indent=1))
+        tmp.write_text(jsonio.dumps(stats, indent=1))
     return Path(output)
 
 

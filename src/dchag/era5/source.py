@@ -37,14 +37,14 @@ def channels_from_config(era5: dict) -> list[Channel]:
     """Pressure-level channels (variable-major, levels in config order), then single-level, then constants."""
     spec = era5["channels"]
     out: list[Channel] = []
-    pl = spec.get("pressure_level") or {}
-    for name in pl.get("variables", []):
+    pl = spec.get("pressure_level") or {"variables": []}  # the one optional group: no default in the schema
+    for name in pl["variables"]:
         var = _lookup(name, "era5.channels.pressure_level.variables")
         if var.kind != "pressure_level":
             raise Era5InputError(f"config key 'era5.channels.pressure_level.variables': {name!r} is a {var.kind} variable")
         out += [Channel(var.channel_name(level), var, level) for level in pl["levels"]]
     for key, kind in (("single_level", "single_level"), ("constants", "constant")):
-        for name in spec.get(key, []):
+        for name in spec[key]:
             var = _lookup(name, f"era5.channels.{key}")
             if var.kind != kind:
                 raise Era5InputError(f"config key 'era5.channels.{key}': {name!r} is a {var.kind} variable")
@@ -67,7 +67,7 @@ class Era5Year:
         self.channels = channels_from_config(era5)
         self.paths = era5_input_paths(era5, year)
         self.datasets = {p: open_any(p, "ERA5 input") for p in self.paths}
-        self._const_path = era5.get("constants")
+        self._const_path = era5["constants"]
         self._const = open_any(self._const_path, "ERA5 constants file") if self._const_path else None
         self.where: dict[str, tuple[xr.Dataset, str, str]] = {}
         for ch in self.channels:
@@ -79,7 +79,7 @@ class Era5Year:
             other = grid_of(ds, path)
             if not other.same_as(self.grid):
                 raise GridError(f"{path} is on grid {other.describe()}, but {first_path} is on {self.grid.describe()}")
-        self.times = self._year_times(era5.get("time_step_hours", 6))
+        self.times = self._year_times(era5["time_step_hours"])
         # Carried into every store made from these files (the demo inputs say "synthetic").
         self.source_notes = sorted({str(ds.attrs["source"]) for ds in self._all() if "source" in ds.attrs})
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .. import provenance
 from ..store import InputError, open_store, write_zarr
 from ..train.data import select_channels
-from ..train.trainer import DEFAULT_LEAD_HOURS, load_trained
+from ..train.trainer import load_trained
 
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def model_forecast(config: dict, run: str, checkpoint: str, store: str, lead_hou
     """The trained model's forecasts from every initialisation time of ``store`` (a normalised
     split store) at each lead, on one device (the checkpoint's parallel layout is undone)."""
     cfg, task, model = load_trained(config, run, checkpoint, "forecast", data_root)
-    trained = cfg["train"].get("forecast", {}).get("lead_hours", DEFAULT_LEAD_HOURS)
+    trained = cfg.train.forecast.lead_hours
     outside = [h for h in lead_hours if not trained[0] <= h <= trained[-1]]
     if outside:
         log.warning("run %s was trained on lead times %s-%s h; %s h lie outside (extrapolation)", run, trained[0], trained[-1], outside)
@@ -152,6 +152,6 @@ def model_forecast(config: dict, run: str, checkpoint: str, store: str, lead_hou
                 out[start:start + len(sel), j] = pred * std + mean
     values = {name: out[:, :, k] for k, name in enumerate(task.outputs)}
     attrs = {"forecast": "model", "run": run, "checkpoint": str(checkpoint), "source": store,
-             **provenance.as_attrs(provenance.record(cfg, checkpoint=str(checkpoint), lead_hours=lead_hours))}
+             **provenance.as_attrs(provenance.record(cfg.raw, checkpoint=str(checkpoint), lead_hours=lead_hours))}
     write_zarr(_layout(values, times[idx], lead_hours, ds.lat.values, ds.lon.values, attrs), output)
     return Path(output)

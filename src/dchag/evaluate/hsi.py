@@ -41,10 +41,10 @@ def evaluate_mae(config: dict, run: str, checkpoint: str, output: str, samples: 
     if tiles.shape[0] == 0:
         raise recon.ReconError(f"{store} has no test tiles to score")
     mean, std = _band_stats(store, "test")
-    ratio = cfg["train"].get("mae", {}).get("mask_ratio", 0.75)
+    ratio = cfg.train.mae.mask_ratio
     p = task.model_cfg.patch_size
     gh, gw = task.model_cfg.grid
-    g = torch.Generator().manual_seed(int(cfg["train"].get("seed", 0)) + 2024)  # the same masks for every run
+    g = torch.Generator().manual_seed(cfg.train.seed + 2024)  # the same masks for every run
     truth, pred, masks = [], [], []
     with torch.no_grad():
         for start in tqdm(range(0, tiles.shape[0], batch_size), desc=f"reconstruct {run}", unit="batch", mininterval=2):
@@ -61,7 +61,7 @@ def evaluate_mae(config: dict, run: str, checkpoint: str, output: str, samples: 
         "units": "the input data's (normalisation undone)",
         "masked": recon.scores(truth, pred, band_axis=1, data_range=rng, mask=masks),
         "full": recon.scores(truth, pred, band_axis=1, data_range=rng),
-        "provenance": provenance.record(cfg, checkpoint=str(checkpoint)),
+        "provenance": provenance.record(cfg.raw, checkpoint=str(checkpoint)),
     }
     recon.write_json(result, output)
     wavelength = np.asarray(open_array(store, "test/wavelength")[:], np.float64)
@@ -97,7 +97,7 @@ def evaluate_classification(config: dict, run: str, checkpoint: str, output: str
         raise recon.ReconError(f"{store} has no test patches to score")
     result = {"run": run, "checkpoint": str(checkpoint), "split": "test",
               **classification.scores(labels["test"], preds["test"], names),
-              "provenance": provenance.record(cfg, checkpoint=str(checkpoint))}
+              "provenance": provenance.record(cfg.raw, checkpoint=str(checkpoint))}
     recon.write_json(result, output)
     with atomic_path(per_class) as tmp:
         with open(tmp, "w", newline="") as f:

@@ -23,12 +23,12 @@ pixels inside the cropped area.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 from scipy.ndimage import gaussian_filter
 
+from .. import jsonio
 from ..store import InputError, atomic_path
 
 SIGMA, TRUNCATE, K1, K2 = 1.5, 3.5, 0.01, 0.03
@@ -133,5 +133,5 @@ def score_files(truth: str, pred: str, band_axis: int = -1, data_range: float | 
 
 def write_json(data: dict, output: str | Path) -> Path:
     with atomic_path(output) as tmp:
-        tmp.write_text(json.dumps(data, indent=1, default=float))
+        tmp.write_text(jsonio.dumps(data, indent=1))
     return Path(output)

@@ -1,7 +1,10 @@
 """Which bands to keep: dataset presets, explicit lists, wavelength ranges, the ENVI ``bbl``.
 
 Band numbers in presets and in ``--drop-bands`` are 1-based, as the published lists are
-(Indian Pines drops 104-108, 150-163, 220). Internally everything is 0-based. The resulting
+(Indian Pines drops 104-108, 150-163, 220). Internally everything is 0-based; the stores
+record the kept bands in the sensor's numbering (AVIRIS 1..220 for Indian Pines, also when
+the file is the 200-band ``_corrected`` one) and their centre wavelengths (the file's, or the
+preset's sensor's, with the source named). The resulting
 band count is asserted against the preset's published count, because public code is known
 to get these lists off by one.
 """
@@ -9,7 +12,9 @@ to get these lists off by one.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -18,23 +23,65 @@ class BandError(ValueError):
     pass
 
 
+SENSORS = Path(__file__).parent / "sensors"
+
+
+def _indian_pines_centres() -> tuple[np.ndarray, str]:
+    rows = np.loadtxt(SENSORS / "aviris_indian_pines_1992.txt")
+    return rows[:, 0], ("AVIRIS band centres of the 1992 Indian Pines flight (92AV3C.spc, MultiSpec / "
+                        "Purdue, as shipped with Spectral Python)")
+
+
+def _salinas_centres() -> tuple[np.ndarray, str]:
+    return np.linspace(400.0, 2500.0, 224), (
+        "nominal AVIRIS sampling: 224 bands evenly over 400-2500 nm (the instrument's specification; "
+        "Salinas' .mat files carry no per-band calibration)")
+
+
+def _pavia_centres() -> tuple[np.ndarray, str]:
+    return np.linspace(430.0, 860.0, 103), (
+        "nominal ROSIS-03 range: 103 bands evenly over 430-860 nm (the distributed file keeps 103 of "
+        "the sensor's 115 bands and names neither which nor their centres)")
+
+
 @dataclass(frozen=True)
 class Preset:
-    bands: int | None  # expected input band count (None: any)
-    drop_1based: tuple[tuple[int, int], ...] = ()  # inclusive ranges
+    bands: int | None  # the sensor's band count (None: any)
+    drop_1based: tuple[tuple[int, int], ...] = ()  # inclusive ranges, sensor numbering
     keep_nm: tuple[float, float] | None = None  # keep only this wavelength window
     expected: int | None = None  # published band count after removal
     note: str = ""
+    centres: Callable[[], tuple[np.ndarray, str]] | None = None  # the sensor's band centres (nm), their source
+
+    def kept_sensor_bands(self) -> np.ndarray:
+        """1-based sensor band numbers the preset keeps."""
+        keep = np.ones(self.bands, bool)
+        for lo, hi in self.drop_1based:
+            keep[lo - 1:hi] = False
+        return np.flatnonzero(keep) + 1
 
 
 PRESETS = {
     "indian_pines": Preset(220, ((104, 108), (150, 163), (220, 220)), expected=200,
-                           note="AVIRIS Indian Pines: water-absorption bands 104-108, 150-163, 220"),
+                           note="AVIRIS Indian Pines: water-absorption bands 104-108, 150-163, 220",
+                           centres=_indian_pines_centres),
     "salinas": Preset(224, ((108, 112), (154, 167), (224, 224)), expected=204,
-                      note="AVIRIS Salinas: water-absorption bands 108-112, 154-167, 224"),
-    "pavia_university": Preset(103, (), expected=103, note="ROSIS Pavia University: 103 bands as distributed"),
+                      note="AVIRIS Salinas: water-absorption bands 108-112, 154-167, 224", centres=_salinas_centres),
+    "pavia_university": Preset(103, (), expected=103, note="ROSIS Pavia University: 103 bands as distributed",
+                               centres=_pavia_centres),
     "vnir_400_900": Preset(None, keep_nm=(400.0, 900.0), note="400-900 nm imagers: drop the noisy band edges outside 400-900 nm"),
 }
+
+
+@dataclass(frozen=True)
+class BandSelection:
+    """Which of a file's bands are kept, and what they are."""
+
+    keep: np.ndarray  # 0-based indices into the file's bands
+    sensor_bands: np.ndarray  # 1-based numbers of the kept bands in the sensor's numbering
+    wavelengths: np.ndarray | None  # centre wavelengths (nm) of the kept bands
+    how: str
+    wavelength_source: str  # where the wavelengths come from ("" when there are none)
 
 
 def parse_band_spec(spec: str, num_bands: int) -> list[int]:
@@ -59,33 +106,48 @@ def select_bands(
     drop_bands: str | None = None,
     drop_wavelengths: list[list[float]] | None = None,
     source: str = "image",
-) -> tuple[np.ndarray, str]:
-    """0-based indices of the bands to keep, and how they were chosen.
+) -> BandSelection:
+    """The bands to keep, their sensor numbers and wavelengths, and how they were chosen.
 
     Precedence: an ENVI ``bbl`` wins over a preset (it describes this very file); explicit
-    ``drop_bands`` / ``drop_wavelengths`` are applied on top of either.
+    ``drop_bands`` (1-based, the file's numbering) / ``drop_wavelengths`` are applied on top of
+    either. A file that already lacks the preset's water-absorption bands (its band count is
+    the published count after removal, e.g. ``Indian_pines_corrected.mat``) keeps every band,
+    numbered as the sensor numbers them. Wavelengths come from the file where it has them,
+    else from the preset's sensor.
     """
     keep = np.ones(num_bands, bool)
+    sensor = np.arange(1, num_bands + 1)  # the file's band i is sensor band sensor[i]
     how = []
+    p = None
+    if preset is not None:
+        if preset not in PRESETS:
+            raise BandError(f"unknown band preset {preset!r}; expected one of {', '.join(sorted(PRESETS))}")
+        p = PRESETS[preset]
+        if p.bands is not None and num_bands not in (p.bands, p.expected):
+            raise BandError(f"{source}: preset {preset!r} is for {p.bands} bands (the sensor's) or {p.expected} "
+                            f"(water-absorption bands removed); the image has {num_bands}")
+    corrected = p is not None and p.bands is not None and num_bands == p.expected and p.expected != p.bands
+    if corrected:
+        sensor = p.kept_sensor_bands()
     if bbl is not None:
         bbl = np.asarray(bbl).astype(float)
         if bbl.size != num_bands:
             raise BandError(f"{source}: the header's bbl has {bbl.size} entries for {num_bands} bands")
         keep &= bbl > 0
         how.append(f"ENVI bbl ({int((bbl <= 0).sum())} bad bands)")
-    elif preset is not None:
-        if preset not in PRESETS:
-            raise BandError(f"unknown band preset {preset!r}; expected one of {', '.join(sorted(PRESETS))}")
-        p = PRESETS[preset]
-        if p.bands is not None and p.bands != num_bands:
-            raise BandError(f"{source}: preset {preset!r} is for {p.bands} bands, the image has {num_bands}")
-        for lo, hi in p.drop_1based:
-            keep[lo - 1:hi] = False
+    elif p is not None:
+        if corrected:
+            how.append(f"preset {preset}: the file already has the water-absorption bands removed "
+                       f"({num_bands} of the sensor's {p.bands}); kept all, numbered as the sensor's bands")
+        else:
+            for lo, hi in p.drop_1based:
+                keep[lo - 1:hi] = False
+            how.append(f"preset {preset}: {p.note}")
         if p.keep_nm is not None:
             if wavelengths is None:
                 raise BandError(f"{source}: preset {preset!r} selects by wavelength, but the image has no wavelengths")
             keep &= (wavelengths >= p.keep_nm[0]) & (wavelengths <= p.keep_nm[1])
-        how.append(f"preset {preset}: {p.note}")
     if drop_bands:
         keep[parse_band_spec(drop_bands, num_bands)] = False
         how.append(f"dropped bands {drop_bands} (1-based)")
@@ -97,8 +159,14 @@ def select_bands(
     indices = np.flatnonzero(keep)
     if indices.size == 0:
         raise BandError(f"{source}: the band selection ({'; '.join(how)}) removes every band")
-    if preset in PRESETS and bbl is None and not drop_bands and not drop_wavelengths:
-        expected = PRESETS[preset].expected
-        if expected is not None and indices.size != expected:
-            raise BandError(f"{source}: preset {preset!r} kept {indices.size} bands, the published count is {expected}")
-    return indices, "; ".join(how) or "all bands"
+    if p is not None and bbl is None and not drop_bands and not drop_wavelengths:
+        if p.expected is not None and indices.size != p.expected:
+            raise BandError(f"{source}: preset {preset!r} kept {indices.size} bands, the published count is {p.expected}")
+    if wavelengths is not None:
+        wl, wl_source = np.asarray(wavelengths, float)[indices], "the file's header"
+    elif p is not None and p.centres is not None:
+        centres, wl_source = p.centres()
+        wl = centres[sensor[indices] - 1]
+    else:
+        wl, wl_source = None, ""
+    return BandSelection(indices, sensor[indices], wl, "; ".join(how) or "all bands", wl_source)

@@ -41,8 +41,10 @@ def _spectral_data() -> Path:
 
 
 def aviris_bands() -> tuple[np.ndarray, np.ndarray]:
-    """(centres nm, FWHM nm) of the 220 Indian Pines AVIRIS bands."""
-    rows = np.loadtxt(_spectral_data() / "92AV3C.spc", skiprows=2)
+    """(centres nm, FWHM nm) of the 220 Indian Pines AVIRIS bands (the indian_pines preset's)."""
+    from .bands import SENSORS
+
+    rows = np.loadtxt(SENSORS / "aviris_indian_pines_1992.txt")
     return rows[:, 0], rows[:, 1]
 
 

@@ -6,6 +6,7 @@ tensor-parallel rank reads only its bands. Written atomically.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 
 from .. import provenance
 from ..store import atomic_path, compressors
-from .bands import select_bands
+from .bands import BandSelection, select_bands
 from .readers import HsiInputError, HyperspectralImage, expand_images, read_image, read_labels
 
 log = logging.getLogger(__name__)
@@ -42,14 +43,14 @@ def _fractions(fractions) -> np.ndarray:
     return f
 
 
-def _open(paths: list[str], opts: BandOptions) -> tuple[list[HyperspectralImage], np.ndarray, str]:
+def _open(paths: list[str], opts: BandOptions) -> tuple[list[HyperspectralImage], BandSelection]:
     images = [read_image(p, opts.key) for p in paths]
     first = images[0]
     for img in images[1:]:
         if img.shape[2] != first.shape[2]:
             raise HsiInputError(f"{img.path} has {img.shape[2]} bands, {first.path} has {first.shape[2]}")
-    keep, how = select_bands(first.shape[2], first.wavelengths, first.bbl, opts.preset, opts.drop_bands, opts.drop_wavelengths, first.path)
-    return images, keep, how
+    sel = select_bands(first.shape[2], first.wavelengths, first.bbl, opts.preset, opts.drop_bands, opts.drop_wavelengths, first.path)
+    return images, sel
 
 
 def _read_checked(img: HyperspectralImage, keep: np.ndarray, opts: BandOptions) -> tuple[np.ndarray, int]:
@@ -110,13 +111,24 @@ def _normalise(x: np.ndarray, mean, std, bounds, band_axis: int) -> np.ndarray:
     return ((x - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
 
 
-def _band_coords(img: HyperspectralImage, keep: np.ndarray, mean, std) -> dict:
-    wl = img.wavelengths[keep] if img.wavelengths is not None else np.full(keep.size, np.nan)
+def _band_coords(sel: BandSelection, mean, std) -> dict:
+    wl = sel.wavelengths if sel.wavelengths is not None else np.full(sel.keep.size, np.nan)
     return {
-        "band": ("band", keep.astype(np.int32), {"description": "0-based index of the band in the input file"}),
-        "wavelength": ("band", wl, {"units": "nm"}),
+        "band": ("band", sel.keep.astype(np.int32), {"description": "0-based index of the band in the input file"}),
+        "sensor_band": ("band", sel.sensor_bands.astype(np.int32), {"description": "1-based band number in the sensor's numbering"}),
+        "wavelength": ("band", wl, {"units": "nm", "source": sel.wavelength_source or "none: the input has no wavelengths"}),
         "mean": ("band", mean),
         "std": ("band", std),
+    }
+
+
+def _band_attrs(sel: BandSelection, num_input_bands: int) -> dict:
+    return {
+        "band_selection": sel.how,
+        "kept_bands_1based": sel.sensor_bands.tolist(),
+        "kept_bands_numbering": "the sensor's band numbers (1-based)",
+        "num_input_bands": num_input_bands,
+        "wavelength_source": sel.wavelength_source or "none: the input has no wavelengths",
     }
 
 
@@ -147,36 +159,148 @@ def stratified_split(labels: np.ndarray, fractions, seed: int) -> dict[str, np.n
     return {s: np.sort(np.concatenate(v)) if v else np.array([], int) for s, v in out.items()}
 
 
-def disjoint_split(labels: np.ndarray, fractions, seed: int, block: int, patch: int) -> tuple[dict[str, np.ndarray], int]:
-    """Square blocks of the image go whole to one split (shuffled, filled to the fractions of
-    labelled pixels); a pixel is a patch centre only if its whole window lies in blocks of its
-    own split, so train, val and test windows never share a pixel. Returns (splits, dropped)."""
-    f = _fractions(fractions)
-    rows, cols = labels.shape
-    by, bx = np.arange(rows) // block, np.arange(cols) // block
-    block_id = by[:, None] * (bx.max() + 1) + bx[None, :]
-    n_blocks = block_id.max() + 1
-    counts = np.bincount(block_id.ravel(), weights=(labels > 0).ravel(), minlength=n_blocks)
-    order = np.random.default_rng(seed).permutation(n_blocks)
-    total = counts.sum()
-    assign = np.empty(n_blocks, int)
-    filled = 0.0
-    for b in order:
-        frac = filled / total if total else 0
-        assign[b] = 0 if frac < f[0] else (1 if frac < f[0] + f[1] else 2)
-        filled += counts[b]
-    split_map = assign[block_id]
-    # A window is pure when its split's minimum and maximum agree over the window.
-    h = patch // 2
-    padded = np.pad(split_map, h, mode="edge")
+def _pure(id_map: np.ndarray, patch: int) -> np.ndarray:
+    """True where the patch x patch window around a pixel (edge-padded, as the patches are
+    reflect-padded) holds one value of ``id_map`` only."""
     from numpy.lib.stride_tricks import sliding_window_view
 
-    win = sliding_window_view(padded, (patch, patch))
-    pure = win.min(axis=(-1, -2)) == win.max(axis=(-1, -2))
+    win = sliding_window_view(np.pad(id_map, patch // 2, mode="edge"), (patch, patch))
+    return win.min(axis=(-1, -2)) == win.max(axis=(-1, -2))
+
+
+def class_counts(labels: np.ndarray, splits: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    """Per split, the number of samples of each class 1..K."""
+    flat = labels.ravel()
+    k = int(flat.max())
+    return {s: np.bincount(flat[idx], minlength=k + 1)[1:].astype(int).tolist() for s, idx in splits.items()}
+
+
+def disjoint_split(labels: np.ndarray, fractions, seed: int, block: int, patch: int) -> tuple[dict[str, np.ndarray], int]:
+    """Square blocks of the image go whole to one split, so train, val and test windows never
+    share a pixel: a pixel is a patch centre only if its whole window lies in blocks of its own
+    split. Blocks are placed per class, rarest class first, so that every class with a block
+    able to hold a whole window gets one in every split; the other blocks then go to the split
+    furthest below its fraction of labelled pixels, and unlabelled blocks join their
+    neighbours' split (fewer windows cut at block edges). Returns (splits, dropped centres)."""
+    f = _fractions(fractions)
+    rows, cols = labels.shape
+    nbx = -(-cols // block)
+    block_id = (np.arange(rows) // block)[:, None] * nbx + (np.arange(cols) // block)[None, :]
+    n_blocks = int(block_id.max()) + 1
     labelled = labels > 0
+    n_classes = int(labels.max())
+    safe = _pure(block_id, patch) & labelled  # a window that stays in its own block
+    per_block = np.zeros((n_blocks, n_classes + 1), int)
+    np.add.at(per_block, (block_id[labelled], labels[labelled]), 1)
+    safe_block = np.zeros((n_blocks, n_classes + 1), int)
+    np.add.at(safe_block, (block_id[safe], labels[safe]), 1)
+    total = per_block[:, 1:].sum(1)
+    rng = np.random.default_rng(seed)
+    tiebreak = rng.permutation(n_blocks)
+    assign = np.full(n_blocks, -1)
+    wanted = [s for s in range(3) if f[s] > 0]
+    # 1. every class into every split, rarest class first, each time the smallest fitting block
+    for k in np.argsort(per_block[:, 1:].sum(0), kind="stable") + 1:
+        for s in wanted:
+            if np.any((assign == s) & (safe_block[:, k] > 0)):
+                continue
+            cands = np.flatnonzero((assign < 0) & (safe_block[:, k] > 0))
+            if cands.size:
+                assign[cands[np.lexsort((tiebreak[cands], total[cands]))[0]]] = s
+    # 2. the other labelled blocks to the split furthest below its share of labelled pixels
+    target = f * total.sum()
+    filled = np.array([total[assign == s].sum() for s in range(3)], float)
+    for b in rng.permutation(n_blocks):
+        if assign[b] < 0 and total[b] > 0:
+            s = int(np.argmax(np.where(f > 0, target - filled, -np.inf)))
+            assign[b] = s
+            filled[s] += total[b]
+    # 3. unlabelled blocks: the most common split among their assigned neighbours
+    grid = assign.reshape(-1, nbx)
+    for b in np.flatnonzero(assign < 0):
+        by, bx = divmod(b, nbx)
+        near = grid[max(0, by - 1):by + 2, max(0, bx - 1):bx + 2].ravel()
+        near = near[near >= 0]
+        assign[b] = np.bincount(near, minlength=3).argmax() if near.size else int(np.argmax(f))
+
+    def kept(a: np.ndarray) -> np.ndarray:  # (split, class) -> kept centres
+        split_map = a[block_id]
+        ok = labelled & _pure(split_map, patch)
+        return np.stack([np.bincount(labels[ok & (split_map == i)], minlength=n_classes + 1) for i in range(3)])
+
+    # 4. repair: a class still absent from a split (its pixels near block edges only) gets a
+    #    block, or a block with its neighbours, moved there if no class leaves another split
+    ny = block_id.shape[0] // block + (block_id.shape[0] % block > 0)
+    for _ in range(3):
+        counts = kept(assign)
+        missing = [(k, s) for k in range(1, n_classes + 1) for s in wanted if counts[s, k] == 0 and per_block[:, k].any()]
+        if not missing:
+            break
+        for k, s in missing:
+            counts = kept(assign)
+            if counts[s, k]:
+                continue
+            present = counts > 0
+            for b in np.flatnonzero(per_block[:, k])[np.argsort(-per_block[per_block[:, k] > 0, k], kind="stable")][:24]:
+                by, bx = divmod(int(b), nbx)
+                around = [y * nbx + x for y in range(max(0, by - 1), min(ny, by + 2)) for x in range(max(0, bx - 1), min(nbx, bx + 2))]
+                moved = False
+                for region in ([int(b)], around):
+                    trial = assign.copy()
+                    trial[region] = s
+                    after = kept(trial)
+                    if after[s, k] and np.all(after[present] > 0):
+                        assign, moved = trial, True
+                        break
+                if moved:
+                    break
+    split_map = assign[block_id]
+    pure = _pure(split_map, patch)
     out = {s: np.flatnonzero((labelled & pure & (split_map == i)).ravel()) for i, s in enumerate(SPLITS)}
     dropped = int(labelled.sum() - sum(v.size for v in out.values()))
     return out, dropped
+
+
+def disjoint_split_placing_classes(labels: np.ndarray, fractions, seed: int, patch: int,
+                                   block: int | None = None) -> tuple[dict[str, np.ndarray], int, int]:
+    """The disjoint split with ``block``, or (None) with the largest block from 2 x patch down
+    to patch that puts every class in every split (smaller blocks place more classes and drop
+    more centres at block edges); where none does, the one that misses fewest. Returns
+    (splits, dropped centres, block)."""
+    f = _fractions(fractions)
+    present = np.bincount(labels.ravel(), minlength=int(labels.max()) + 1)[1:] > 0
+    best = None
+    for size in ([block] if block else range(2 * patch, patch - 1, -1)):
+        splits, dropped = disjoint_split(labels, fractions, seed, size, patch)
+        counts = np.stack([np.bincount(labels.ravel()[splits[s]], minlength=present.size + 1)[1:] for s in SPLITS])
+        misses = int(((counts[f > 0] == 0) & present).sum())
+        if best is None or misses < best[0]:
+            best = (misses, splits, dropped, size)
+        if misses == 0:
+            break
+    return best[1], best[2], best[3]
+
+
+def missing_classes(counts: dict[str, list[int]], fractions, names: list[str], labels: np.ndarray) -> list[str]:
+    """'<class> (<pixels> pixels): none in <splits>' for every labelled class absent from a
+    split that has a non-zero fraction."""
+    f = _fractions(fractions)
+    pixels = np.bincount(labels.ravel(), minlength=len(names) + 1)[1:]
+    out = []
+    for k, name in enumerate(names):
+        if pixels[k] == 0:
+            continue
+        absent = [s for i, s in enumerate(SPLITS) if f[i] > 0 and counts[s][k] == 0]
+        if absent:
+            out.append(f"{name} ({pixels[k]} pixels): none in {', '.join(absent)}")
+    return out
+
+
+def format_counts(counts: dict[str, list[int]], names: list[str]) -> str:
+    width = max(len(n) for n in names)
+    lines = [f"{'class':{width}s} " + " ".join(f"{s:>7s}" for s in SPLITS)]
+    lines += [f"{name:{width}s} " + " ".join(f"{counts[s][k]:7d}" for s in SPLITS) for k, name in enumerate(names)]
+    return "\n".join(lines)
 
 
 def extract_patches(cube: np.ndarray, centres: np.ndarray, patch: int) -> np.ndarray:
@@ -193,9 +317,10 @@ def extract_patches(cube: np.ndarray, centres: np.ndarray, patch: int) -> np.nda
 def preprocess_classification(
     image: str, labels: str, output: str | Path, opts: BandOptions, *, labels_key: str | None = None,
     patch: int = 11, split: str = "stratified", fractions=(0.1, 0.1, 0.8), seed: int = 0, block: int | None = None,
-    class_names: list[str] | None = None, config: dict | None = None,
+    class_names: list[str] | None = None, missing_class: str = "error", config: dict | None = None,
 ) -> Path:
-    (img,), keep, how = _open([image], opts)
+    (img,), sel = _open([image], opts)
+    keep = sel.keep
     label_map = read_labels(labels, labels_key)
     if label_map.shape != img.shape[:2]:
         raise HsiInputError(f"label map {labels} is {label_map.shape[0]}x{label_map.shape[1]}, the image {img.path} is {img.shape[0]}x{img.shape[1]}")
@@ -209,31 +334,45 @@ def preprocess_classification(
     if split == "stratified":
         splits, dropped = stratified_split(label_map, fractions, seed), 0
     elif split == "disjoint":
-        splits, dropped = disjoint_split(label_map, fractions, seed, block or 2 * patch, patch)
+        splits, dropped, block = disjoint_split_placing_classes(label_map, fractions, seed, patch, block)
     else:
         raise HsiInputError(f"split {split!r}: expected stratified or disjoint")
-    stats = _Stats(keep.size, opts.clip_percentiles)
-    stats.add(cube.reshape(-1, keep.size)[splits["train"]])
-    mean, std, bounds = stats.finish()
-    cube = _normalise(cube, mean, std, bounds, band_axis=2)
     n_classes = int(label_map.max())
     names = list(class_names) if class_names else [f"class {i}" for i in range(1, n_classes + 1)]
     if len(names) < n_classes:
         raise HsiInputError(f"{len(names)} class names for {n_classes} classes in {labels}")
+    names = names[:n_classes]
+    counts = class_counts(label_map, splits)
+    table = format_counts(counts, names)
+    print(f"samples per class and split ({split} split):\n{table}", flush=True)
+    absent = missing_classes(counts, fractions, names, label_map)
+    if absent:
+        hint = (f"a smaller patch (now {patch}; block {block} px) places more classes; "
+                if split == "disjoint" else "")
+        message = (f"{labels}: {len(absent)} class(es) cannot be placed in every split: " + "; ".join(absent)
+                   + f". {hint}set hsi.classification.missing_class: warn to go on without them")
+        if missing_class == "error":
+            raise HsiInputError(message)
+        log.warning("%s", message)
+    stats = _Stats(keep.size, opts.clip_percentiles)
+    stats.add(cube.reshape(-1, keep.size)[splits["train"]])
+    mean, std, bounds = stats.finish()
+    cube = _normalise(cube, mean, std, bounds, band_axis=2)
     attrs = {
         "task": "classification",
         "source_image": img.path,
         "source_labels": str(labels),
-        "band_selection": how,
-        "kept_bands_1based": (keep + 1).tolist(),
-        "num_input_bands": img.shape[2],
-        "class_names": names[:n_classes],
+        **_band_attrs(sel, img.shape[2]),
+        "class_names": names,
+        "class_counts": json.dumps(counts),
+        "classes_missing_from_a_split": absent,
         "label_note": "label = class number as in the ground truth (1..K); 0 (unlabelled) is never a sample",
         "patch": patch,
         "split_method": split,
         "split_fractions": list(map(float, fractions)),
         "split_seed": seed,
         "disjoint_dropped_centres": dropped,
+        "disjoint_block": block if split == "disjoint" else None,
         "normalisation": "per band (x - mean) / std, fitted on the training pixels only" + (f", clipped to percentiles {list(opts.clip_percentiles)}" if bounds is not None else ""),
         "nan_filled": filled,
         **({"source_note": "; ".join(opts.notes)} if opts.notes else {}),
@@ -250,7 +389,7 @@ def preprocess_classification(
                 "row": ("sample", r.astype(np.int32)),
                 "col": ("sample", c.astype(np.int32)),
             },
-            coords=_band_coords(img, keep, mean, std),
+            coords=_band_coords(sel, mean, std),
             attrs={**attrs, "split": s},
         )
     return _write(groups, output, "patches", opts.band_chunk)
@@ -260,7 +399,8 @@ def preprocess_classification(
 def preprocess_tiles(images: list[str], output: str | Path, opts: BandOptions, *, tile: int = 32,
                      fractions=(0.8, 0.1, 0.1), seed: int = 0, config: dict | None = None) -> Path:
     paths = expand_images(images)
-    imgs, keep, how = _open(paths, opts)
+    imgs, sel = _open(paths, opts)
+    keep = sel.keep
     f = _fractions(fractions)
     for img in imgs:
         if tile > min(img.shape[:2]):
@@ -298,9 +438,7 @@ def preprocess_tiles(images: list[str], output: str | Path, opts: BandOptions, *
     attrs = {
         "task": "mae",
         "source_images": paths,
-        "band_selection": how,
-        "kept_bands_1based": (keep + 1).tolist(),
-        "num_input_bands": imgs[0].shape[2],
+        **_band_attrs(sel, imgs[0].shape[2]),
         "tile": tile,
         "split_fractions": list(map(float, fractions)),
         "split_seed": seed,
@@ -320,7 +458,7 @@ def preprocess_tiles(images: list[str], output: str | Path, opts: BandOptions, *
                 "row0": ("sample", m[:, 1]),
                 "col0": ("sample", m[:, 2]),
             },
-            coords=_band_coords(imgs[0], keep, mean, std),
+            coords=_band_coords(sel, mean, std),
             attrs={**attrs, "split": s},
         )
     return _write(groups, output, "tiles", opts.band_chunk)

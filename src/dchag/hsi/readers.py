@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import glob
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..store import InputError
+
+log = logging.getLogger(__name__)
 
 
 class HsiInputError(InputError):
@@ -78,24 +81,35 @@ def _load_mat(path: str) -> dict:
     except NotImplementedError:  # MATLAB v7.3 is HDF5
         import h5py
 
-        with h5py.File(path, "r") as f:
-            # MATLAB stores column-major: h5py sees the dimensions reversed.
-            return {k: np.asarray(f[k]).T for k in f.keys() if isinstance(f[k], h5py.Dataset)}
-    except (ValueError, OSError) as err:
-        raise HsiInputError(f"cannot read MATLAB file {path}: {err}") from err
+        try:
+            with h5py.File(path, "r") as f:
+                # MATLAB stores column-major: h5py sees the dimensions reversed.
+                return {k: np.asarray(f[k]).T for k in f.keys() if isinstance(f[k], h5py.Dataset)}
+        except OSError as err:
+            raise HsiInputError(f"MATLAB v7.3 file {path} is truncated or corrupt ({err}); download it again") from err
+    except (ValueError, OSError, IndexError, TypeError) as err:
+        size = Path(path).stat().st_size
+        raise HsiInputError(f"MATLAB file {path} ({size} bytes) is truncated or corrupt: scipy.io.loadmat failed "
+                            f"({type(err).__name__}: {err}); download it again") from err
 
 
 def _mat_array(path: str, key: str | None, ndim: int) -> np.ndarray:
+    """The ``ndim``-D numeric variable ``key`` of a .mat file. Copies that circulate sometimes
+    rename the variable (``hyperimg_gt`` for ``paviaU_gt``): a file holding exactly one such
+    variable gives it whatever its name, and the log says which."""
     if not Path(path).exists():
         raise HsiInputError(f"file not found: {path}")
     arrays = {k: v for k, v in _load_mat(path).items() if isinstance(v, np.ndarray) and v.ndim == ndim and v.dtype.kind in "uif"}
-    if key is not None:
-        if key not in arrays:
-            raise HsiInputError(f"{path} has no {ndim}-D variable {key!r}; it has {sorted(arrays)}")
+    if key is not None and key in arrays:
         return arrays[key]
-    if len(arrays) != 1:
-        raise HsiInputError(f"{path} holds {len(arrays)} {ndim}-D variables {sorted(arrays)}; name one (key)")
-    return next(iter(arrays.values()))
+    if len(arrays) == 1:
+        name, array = next(iter(arrays.items()))
+        if key is not None:
+            log.warning("%s has no variable %r; using its only %d-D variable %r", path, key, ndim, name)
+        return array
+    wanted = f"no {ndim}-D variable {key!r}" if key is not None else f"{len(arrays)} {ndim}-D variables"
+    raise HsiInputError(f"{path} has {wanted}; its {ndim}-D variables are {sorted(arrays)}"
+                        + ("" if key is not None else "; name one (key)"))
 
 
 def read_mat(path: str, key: str | None = None) -> HyperspectralImage:

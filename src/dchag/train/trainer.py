@@ -11,7 +11,6 @@ exactly the batches an uninterrupted run would have seen.
 from __future__ import annotations
 
 import contextlib
-import copy
 import csv
 import json
 import math
@@ -27,8 +26,9 @@ from torch.utils.data import DataLoader
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
+from .. import jsonio
 from .. import provenance
-from ..config import ConfigError
+from ..config import ConfigError, RunSettings, run_settings
 from ..model import ChannelViT, random_masking
 from ..model.build import model_config
 from ..parallel import ParallelDims, init_distributed, parallelize_model
@@ -39,30 +39,11 @@ from .memory import step_peak
 
 RANK_FIELDS = ["samples_per_s", "peak_mem_mib", "t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]
 TASK_STORES = {"forecast": "era5", "mae": "hsi/mae.zarr", "classify": "hsi/classification.zarr"}
-DEFAULT_LEAD_HOURS = (24, 720)  # train.forecast.lead_hours: the paper's random lead of 1-720 h, daily steps
-
-
-def deep_merge(base: dict, override: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in (override or {}).items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
-def run_config(config: dict, run: str) -> dict:
-    """The config of one training run: the top-level model/parallel/train sections with the
-    run's overrides merged in."""
-    runs = config.get("train", {}).get("runs", {})
-    if run not in runs:
-        raise ConfigError(f"config key 'train.runs': no run named {run!r}; runs are {', '.join(runs) or 'none'}")
-    spec = runs[run]
-    merged = {k: v for k, v in config.items() if k not in ("model", "parallel", "train")}
-    merged["model"] = deep_merge(config.get("model", {}), spec.get("model", {}))
-    merged["parallel"] = deep_merge(config.get("parallel", {}), spec.get("parallel", {}))
-    merged["train"] = deep_merge({k: v for k, v in config.get("train", {}).items() if k != "runs"}, spec.get("train", {}))
-    merged["task"] = spec["task"]
-    merged["run"] = run
-    return merged
+# Settings that change neither the model, the data order nor the optimiser's state: a run
+# whose config differs from its checkpoints' only in these resumes from them.
+RESUMABLE = {"train.steps", "train.checkpoint_every", "train.val_every", "train.val_batches", "train.num_workers",
+             "train.prefetch_factor", "train.measure_comm", "train.max_restarts", "train.gpus_per_node",
+             "parallel.activation_checkpointing", "parallel.fsdp_reshard_after_forward"}
 
 
 def data_root_of(config: dict, data_root: str | Path | None) -> Path:
@@ -71,16 +52,51 @@ def data_root_of(config: dict, data_root: str | Path | None) -> Path:
 
 
 def load_trained(config: dict, run: str, checkpoint: str | Path, task: str,
-                 data_root: str | Path | None = None) -> tuple[dict, "Task", ChannelViT]:
+                 data_root: str | Path | None = None) -> tuple[RunSettings, "Task", ChannelViT]:
     """A run's trained model on one device, in eval mode (its parallel layout undone), with
     the run's config and task."""
-    cfg = run_config(config, run)
-    if cfg["task"] != task:
-        raise ConfigError(f"run {run!r} is a {cfg['task']} run, not a {task} run")
+    cfg = run_settings(config, run)
+    if cfg.task != task:
+        raise ConfigError(f"run {run!r} is a {cfg.task} run, not a {task} run")
     t = Task(cfg, data_root_of(config, data_root))
     model = ChannelViT(t.model_cfg)
     ckpt.load_weights(model, checkpoint)
     return cfg, t, model.eval()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def fingerprint(cfg: RunSettings) -> dict:
+    """What a run's checkpoints depend on: the task, its dataset section, model, parallel and
+    train settings (dotted keys), less the RESUMABLE ones."""
+    data = {"era5": cfg.era5} if cfg.task == "forecast" else {"hsi": cfg.hsi}
+    train = {k: v for k, v in asdict(cfg.train).items() if k != "runs"}
+    flat = _flatten({"task": cfg.task, **data, "model": asdict(cfg.model), "parallel": asdict(cfg.parallel), "train": train})
+    return json.loads(json.dumps({k: v for k, v in flat.items() if k not in RESUMABLE}, default=str))
+
+
+def changed_keys(old: dict | None, new: dict) -> list[str]:
+    """'key: old -> new' for every key that differs (all, when there is no readable record)."""
+    if old is None:
+        return ["no readable record of the checkpoints' configuration"]
+    return [f"{k}: {old.get(k, '(absent)')} -> {new.get(k, '(absent)')}" for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
 
 
 def lat_weights(store: str | Path) -> torch.Tensor:
@@ -103,10 +119,10 @@ class StepTimes:
 class Task:
     """What differs between tasks: data, model config, loss, validation metric."""
 
-    def __init__(self, cfg: dict, results: Path):
+    def __init__(self, cfg: RunSettings, results: Path):
         self.cfg = cfg
-        self.name = cfg["task"]
-        self.train_cfg = cfg["train"]
+        self.name = cfg.task
+        self.train_cfg = cfg.train
         self.results = results
         if self.name == "forecast":
             from ..model.build import era5_shape, forecast_outputs
@@ -126,7 +142,7 @@ class Task:
             var = "patches" if self.name == "classify" else "tiles"
             _, bands, h, w = open_array(store, f"train/{var}").shape
             wl = None
-            if self.cfg["model"].get("channel_embedding", "wavelength") == "wavelength":
+            if cfg.model.channel_embedding == "wavelength":
                 wl_meta = np.asarray(open_array(store, "train/wavelength")[:])
                 wl = wl_meta.tolist() if np.all(np.isfinite(wl_meta)) else None
             classes = len(info.get("class_names", [])) if self.name == "classify" else 0
@@ -137,18 +153,18 @@ class Task:
 
     def dataset(self, split: str, rank_channels: list[int], seed: int):
         if self.name == "forecast":
-            lead = tuple(self.train_cfg.get("forecast", {}).get("lead_hours", DEFAULT_LEAD_HOURS))
+            lead = tuple(self.train_cfg.forecast.lead_hours)
             return ForecastDataset(self.store[split], self.channels, rank_channels, self.outputs, lead, seed)
         return SampleDataset(self.store[split], split, self.var, rank_channels, self.model_cfg.in_channels)
 
     def rotation_groups(self, step: int) -> list[int] | None:
         """Channel-subset rotation: the k = round(fraction x G) groups trained at ``step``,
         consecutive modulo G, so every group is trained once every ceil(G / k) steps."""
-        rot = self.train_cfg.get("rotation")
-        if not rot:
+        rot = self.train_cfg.rotation
+        if rot is None:
             return None
         g = self.model_cfg.groups
-        k = max(1, round(g * rot.get("fraction", 0.25)))
+        k = max(1, round(g * rot.fraction))
         return sorted({(step * k + j) % g for j in range(k)})
 
     def loss(self, model, batch, step: int, seed: int, channel_group, rotate: bool = True) -> tuple[torch.Tensor, dict]:
@@ -164,11 +180,11 @@ class Task:
             return torch.nn.functional.cross_entropy(logits, label), {"accuracy": (logits.argmax(-1) == label).float().mean().item()}
         (x,) = batch
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)  # same mask on every TP rank
-        ids_keep, mask = random_masking(x.shape[0], self.model_cfg.num_patches, self.train_cfg.get("mae", {}).get("mask_ratio", 0.75), g)
+        ids_keep, mask = random_masking(x.shape[0], self.model_cfg.num_patches, self.train_cfg.mae.mask_ratio, g)
         pred = model(x, ids_keep=ids_keep.to(x.device), active_groups=groups)
         target = gather_channels(x, channel_group)
         per_patch = patchwise_mse(pred, target, self.model_cfg.patch_size)
-        if self.train_cfg.get("mae", {}).get("loss", "masked") == "masked":
+        if self.train_cfg.mae.loss == "masked":
             m = mask.to(per_patch.device)
             return (per_patch * m).sum() / m.sum(), {}
         return per_patch.mean(), {}
@@ -212,69 +228,68 @@ def _collate(items):
 
 class Trainer:
     def __init__(self, config: dict, run: str, outdir: str | Path, data_root: str | Path | None = None):
-        self.cfg = run_config(config, run)
+        self.cfg = run_settings(config, run)
         self.full_config = config
         self.out = Path(outdir)
         self.backend, self.device = init_distributed()
         torch.use_deterministic_algorithms(True, warn_only=True)
-        par = self.cfg["parallel"]
-        self.dims = ParallelDims(tp=par.get("tp", 1), dp_mode=par.get("dp", "fsdp"), world_size=dist.get_world_size())
+        par = self.cfg.parallel
+        self.dims = ParallelDims(tp=par.tp, dp_mode=par.dp, world_size=dist.get_world_size())
         self.mesh = self.dims.build_mesh(self.device.type)
         self.rank = dist.get_rank()
-        t = self.cfg["train"]
-        self.seed = int(t.get("seed", 0))
+        t = self.cfg.train
+        self.seed = t.seed
         self.task = Task(self.cfg, data_root_of(config, data_root))
         torch.manual_seed(self.seed)
         model = ChannelViT(self.task.model_cfg)
-        strategy = par.get("strategy", "dchag")
+        strategy = par.strategy
         if strategy == "dchag" and self.task.model_cfg.aggregation == "baseline":
             raise ConfigError(f"run {run!r}: parallel.strategy dchag needs model.aggregation linear or cross")
-        precision = par.get("precision", "auto")
+        precision = par.precision
         self.precision = ("bf16" if self.device.type == "cuda" else "fp32") if precision == "auto" else precision
         self.model = parallelize_model(model.to(self.device), self.dims, self.mesh, strategy=strategy,
-                                       activation_checkpointing=par.get("activation_checkpointing", False),
-                                       reshard_after_forward=par.get("fsdp_reshard_after_forward", True),
-                                       ddp_bucket_mb=par.get("ddp_bucket_mb", 25.0), comm_hook=par.get("comm_hook", "none"),
-                                       powersgd_rank=par.get("powersgd_rank", 2),
-                                       find_unused_parameters=bool(t.get("rotation")),
-                                       timed_ddp=bool(t.get("measure_comm", True)))
+                                       activation_checkpointing=par.activation_checkpointing,
+                                       reshard_after_forward=par.fsdp_reshard_after_forward,
+                                       ddp_bucket_mb=par.ddp_bucket_mb, comm_hook=par.comm_hook,
+                                       powersgd_rank=par.powersgd_rank,
+                                       find_unused_parameters=t.rotation is not None,
+                                       timed_ddp=t.measure_comm)
         self.compression = getattr(self.model, "compression", None)
         self.hook_state = getattr(self.model, "comm_hook_state", None)  # DDP: its collectives' time
-        self.fallback_threshold = par.get("compression_fallback", 0.05)
+        self.fallback_threshold = par.compression_fallback
         self.best_val = float("inf")
         self.core = self.model.module if hasattr(self.model, "module") else self.model
         self.channel_ids = self.core.tokenizer.channel_ids.tolist()
         self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
         # Only under D-CHAG does a rank hold a slice of the channels (the MAE target needs all).
         self.channel_group = self.tp_group if self.core.group_gather is not None else None
-        self.opt = torch.optim.AdamW(self._param_groups(t), lr=t.get("lr", 1e-3), weight_decay=t.get("weight_decay", 0.05), betas=(0.9, 0.95))
-        self.steps = int(t.get("steps", 100))
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.get("warmup_steps", 10), self.steps, t.get("min_lr_ratio", 0.05)))
+        self.opt = torch.optim.AdamW(self._param_groups(t), lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas))
+        self.steps = t.steps
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.warmup_steps, self.steps, t.min_lr_ratio))
         self.train_set = self.task.dataset("train", self.channel_ids, self.seed)
         self.val_set = self.task.dataset("val", self.channel_ids, self.seed + 1)
         dp_rank = self.mesh["dp"].get_local_rank()
-        self.batch = int(t.get("batch_size", 8))
+        self.batch = t.batch_size
         self.sampler = ResumableSampler(len(self.train_set), self.dims.dp, dp_rank, self.seed)
         if self.sampler.per_rank < self.batch:
             raise DataError(f"{len(self.train_set)} training samples over {self.dims.dp} data-parallel ranks is less than one batch of {self.batch}")
         self.val_sampler = ResumableSampler(len(self.val_set), self.dims.dp, dp_rank, self.seed, shuffle=False)
-        self.workers = int(t.get("num_workers", 0))
-        self.prefetch = int(t.get("prefetch_factor", 2)) if self.workers else None
+        self.workers = t.num_workers
+        self.prefetch = t.prefetch_factor if self.workers else None
 
-    def _param_groups(self, t: dict) -> list[dict]:
+    def _param_groups(self, t) -> list[dict]:
         """One group, or under channel-subset rotation the rotated parts (tokenizer, partial
         aggregators) apart with their learning rate scaled by train.rotation.lr_scale."""
-        rot = t.get("rotation")
-        if not rot:
+        rot = t.rotation
+        if rot is None:
             return [{"params": list(self.model.parameters())}]
-        if self.task.model_cfg.aggregation == "baseline" or self.dims.tp > 1 or self.cfg["parallel"].get("strategy") == "dchag":
-            raise ConfigError(f"run {self.cfg['run']!r}: train.rotation needs a hierarchical model (model.aggregation linear "
+        if self.task.model_cfg.aggregation == "baseline" or self.dims.tp > 1 or self.cfg.parallel.strategy == "dchag":
+            raise ConfigError(f"run {self.cfg.run!r}: train.rotation needs a hierarchical model (model.aggregation linear "
                               f"or cross, model.groups) with parallel.strategy baseline and tp 1")
         rotated = [p for n, p in self.model.named_parameters() if ckpt.canonical(n).startswith(("tokenizer.", "partial."))]
         ids = {id(p) for p in rotated}
-        scale = float(rot.get("lr_scale", 1.0))
         return [{"params": [p for p in self.model.parameters() if id(p) not in ids]},
-                {"params": rotated, "lr": t.get("lr", 1e-3) * scale}]
+                {"params": rotated, "lr": t.lr * rot.lr_scale}]
 
     @contextlib.contextmanager
     def _idle_channels_kept(self, step: int):
@@ -316,17 +331,21 @@ class Trainer:
         return {"step": step, "epoch": epoch, "position": pos, "scheduler_last_epoch": self.sched.last_epoch}
 
     def _forget_stale_checkpoints(self) -> None:
-        """Checkpoints of a run with another configuration are not resumed: they are removed
-        (and said so), since this run must start from scratch."""
+        """Checkpoints of a run whose model, data or optimiser settings differ are not resumed:
+        they are removed, with the keys that changed named. A change in RESUMABLE settings only
+        (steps, validation cadence, workers, logging) resumes."""
         directory = self.out / "checkpoints"
-        fingerprint = json.dumps({k: self.cfg[k] for k in ("task", "model", "parallel", "train")}, sort_keys=True, default=str)
         if self.rank == 0:
             stamp = directory / "run_config.json"
-            if directory.exists() and (not stamp.exists() or stamp.read_text() != fingerprint):
-                print(f"{directory} holds checkpoints of another configuration; starting afresh", flush=True)
-                shutil.rmtree(directory)
+            now = fingerprint(self.cfg)
+            if directory.exists():
+                changed = changed_keys(_read_json(stamp), now)
+                if changed:
+                    print(f"{directory} holds checkpoints of another configuration ({'; '.join(changed)}); "
+                          "starting afresh", flush=True)
+                    shutil.rmtree(directory)
             directory.mkdir(parents=True, exist_ok=True)
-            stamp.write_text(fingerprint)
+            stamp.write_text(json.dumps(now, sort_keys=True, indent=1))
         dist.barrier()
 
     def _state(self, step: int, epoch: int, pos: int) -> dict[str, torch.Tensor]:
@@ -352,7 +371,7 @@ class Trainer:
     def validate(self) -> dict:
         self.model.eval()
         losses, extra = [], []
-        max_batches = int(self.cfg["train"].get("val_batches", 4))
+        max_batches = self.cfg.train.val_batches
         with torch.no_grad(), autocast(self.device, self.precision):
             for i, batch in enumerate(self._loader(self.val_set, self.val_sampler, drop_last=False)):
                 if i >= max_batches:
@@ -380,7 +399,7 @@ class Trainer:
         self.best_val = min(self.best_val, val_loss)
 
     def train(self) -> Path:
-        t = self.cfg["train"]
+        t = self.cfg.train
         self.out.mkdir(parents=True, exist_ok=True)
         step, epoch, pos = self._resume()
         log_path = self.out / "log.csv.partial"
@@ -390,13 +409,13 @@ class Trainer:
         log = CsvLog(log_path, fields, step) if self.rank == 0 else None
         rank_log = CsvLog(rank_log_path, ["step", "rank", *RANK_FIELDS], step) if self.rank == 0 else None
         writer_tb = self._tensorboard() if self.rank == 0 else None
-        ckpt_every = int(t.get("checkpoint_every", 100))
-        val_every = int(t.get("val_every", 100))
-        clip = float(t.get("grad_clip", 1.0))
-        bar = tqdm(total=self.steps, initial=step, desc=f"train {self.cfg['run']}", disable=self.rank != 0, mininterval=2)
+        ckpt_every = t.checkpoint_every
+        val_every = t.val_every
+        clip = t.grad_clip
+        bar = tqdm(total=self.steps, initial=step, desc=f"train {self.cfg.run}", disable=self.rank != 0, mininterval=2)
         batches = self._batches(epoch, pos)
         self.model.train()
-        comm = _CommTimer() if t.get("measure_comm", True) else contextlib.nullcontext()
+        comm = _CommTimer() if t.measure_comm else contextlib.nullcontext()
         # Peak memory: on a GPU every step (allocator peak); on the CPU the second step this
         # process runs (optimizer state exists then) under MemTracker, whose bookkeeping slows
         # that step: its times are left out of the logs' timings (NaN).
@@ -472,18 +491,18 @@ class Trainer:
 
     def _write_run_info(self) -> None:
         info = {
-            "run": self.cfg["run"],
+            "run": self.cfg.run,
             "task": self.task.name,
             "model": asdict(self.task.model_cfg),
-            "parallel": {**self.cfg["parallel"], "world_size": self.dims.world_size, "dp": self.dims.dp, "backend": self.backend},
+            "parallel": {**asdict(self.cfg.parallel), "world_size": self.dims.world_size, "dp": self.dims.dp, "backend": self.backend},
             "precision": self.precision,
-            "train": self.cfg["train"],
-            "mae_loss": self.cfg["train"].get("mae", {}).get("loss", "masked") if self.task.name == "mae" else None,
+            "train": asdict(self.cfg.train),
+            "mae_loss": self.cfg.train.mae.loss if self.task.name == "mae" else None,
             "compression": ({"hook": self.compression.kind, "fell_back_to_fp16_at_step": self.compression.fell_back_at}
                             if self.compression is not None else None),
             "provenance": provenance.record(self.full_config),
         }
-        (self.out / "run.json").write_text(json.dumps(info, indent=1, default=str))
+        (self.out / "run.json").write_text(jsonio.dumps(info, indent=1))
 
 
 class _CommTimer(TorchDispatchMode):

@@ -1,0 +1,173 @@
+"""Every shipped config stands alone: it validates, dry-runs with stand-in input files, and
+plans only the rules of its own datasets and runs (nothing of the demo is merged in). The
+README's shell commands are run as written (snakemake ones as dry runs)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from dchag.config import load_config, settings, validate
+
+CONFIGS = sorted((REPO / "config").glob("*.yaml"))
+ERA5_RULES = {"era5_demo_year", "era5_demo_constants", "download_era5_year", "era5_weights", "era5_year", "era5_stats",
+              "era5_split", "era5_climatology", "era5_truth", "forecast", "baseline_forecast", "score", "compare_scores",
+              "fig_lead_time", "fig_forecast_maps"}
+HSI_RULES = {"hsi_demo", "hsi_classification", "hsi_mae", "evaluate_mae", "evaluate_classify", "hsi_scores",
+             "fig_hsi_reconstruction", "fig_classification"}
+
+
+def workdir(tmp: Path, configs: list[Path]) -> Path:
+    """A checkout-like folder (the workflow linked in) with stand-in files at every input path
+    the configs name: empty files, enough for a dry run."""
+    for name in ("Snakefile", "workflow", "profiles", "config", "src", "benchmarks"):
+        (tmp / name).symlink_to(REPO / name)
+    for path in configs:
+        cfg = yaml.safe_load(path.read_text())
+        era5, hsi = cfg.get("era5") or {}, cfg.get("hsi") or {}
+        wanted = []
+        if era5 and not era5.get("demo"):
+            years = [y for split in era5["years"].values() for y in split]
+            wanted += [p.format(year=y) for p in era5["inputs"] for y in years]
+            wanted += [era5["constants"]] if era5.get("constants") else []
+        if hsi and not hsi.get("demo"):
+            if "classification" in hsi:
+                wanted += [hsi["classification"]["image"], hsi["classification"]["labels"]]
+            wanted += [p.replace("*", "standin") for p in hsi.get("mae", {}).get("images", [])]
+        for p in wanted:
+            (tmp / p).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / p).touch()
+    return tmp
+
+
+def snakemake(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def planned(out: str) -> dict[str, int]:
+    """rule -> job count from `snakemake -n --quiet rules`."""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_each_config_validates_and_plans_only_its_own_datasets(path, tmp_path):
+    raw = yaml.safe_load(path.read_text())
+    s = settings(validate(raw, str(path), check_files=False))
+    cwd = workdir(tmp_path, [path])
+    proc = snakemake(cwd, "-n", "--quiet", "rules", "--cores", "4", "--configfile", f"config/{path.name}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    rules = planned(out)
+    assert rules, out
+    assert ("era5" in raw) == bool(rules.keys() & ERA5_RULES), rules
+    assert ("hsi" in raw) == bool(rules.keys() & HSI_RULES), rules
+    assert rules.get("train", 0) == len(s.train.runs), rules
+    if not raw.get("era5", {}).get("demo") and not raw.get("hsi", {}).get("demo"):
+        assert not rules.keys() & {"era5_demo_year", "era5_demo_constants", "hsi_demo"}, rules
+    # every result lands under the config's own name
+    paths = snakemake(cwd, "-n", "--printshellcmds", "--cores", "4", "--configfile", f"config/{path.name}")
+    assert "results/demo/" not in paths.stdout or raw["name"] == "demo"
+
+
+def test_no_config_given_runs_the_demo(tmp_path):
+    cwd = workdir(tmp_path, [])
+    proc = snakemake(cwd, "-n", "--quiet", "rules", "--cores", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rules = planned(proc.stdout + proc.stderr)
+    assert rules["era5_demo_year"] == 4 and rules["hsi_demo"] == 1 and rules["train"] == 6, rules
+
+
+def test_a_key_deleted_from_a_dataset_config_is_gone(tmp_path):
+    """No demo value comes back for a key the user's file leaves out (the demo sets a preset)."""
+    cfg = yaml.safe_load((REPO / "config" / "indian_pines.yaml").read_text())
+    del cfg["hsi"]["preset"]
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(cfg))
+    (tmp_path / "w").mkdir()
+    cwd = workdir(tmp_path / "w", [mine])
+    proc = snakemake(cwd, "hsi_classification", "-n", "--printshellcmds", "--cores", "2", "--configfile", str(mine))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    command = next(line for line in proc.stdout.splitlines() if "preprocess-hsi" in line)
+    assert "--preset" not in command and "indian_pines_gt" in command
+
+
+def test_dataset_only_config_parses_and_plans_preprocessing_only(tmp_path):
+    """A file with just `name` and an `hsi` section (or an `era5` one): no model, no runs."""
+    cfg = yaml.safe_load((REPO / "config" / "pavia_university.yaml").read_text())
+    mine = tmp_path / "pavia_only.yaml"
+    mine.write_text(yaml.safe_dump({"name": "p", "hsi": cfg["hsi"]}))
+    era5 = yaml.safe_load((REPO / "config" / "era5.yaml").read_text())
+    era5_only = tmp_path / "era5_only.yaml"
+    era5_only.write_text(yaml.safe_dump({"name": "e", "era5": era5["era5"]}))
+    cwd = tmp_path / "w"
+    cwd.mkdir()
+    workdir(cwd, [mine, era5_only])
+    for f, expected in ((mine, {"hsi_classification"}), (era5_only, {"era5_weights", "era5_year", "era5_stats", "era5_split", "era5_climatology"})):
+        proc = snakemake(cwd, "-n", "--quiet", "rules", "--cores", "2", "--configfile", str(f))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rules = set(planned(proc.stdout + proc.stderr)) - {"all", "total", "fig_memory_throughput"}
+        assert rules == expected, rules
+
+
+def test_missing_input_named_once(tmp_path):
+    cfg = yaml.safe_load((REPO / "config" / "indian_pines.yaml").read_text())
+    cfg["hsi"]["mae"] = {"images": [cfg["hsi"]["classification"]["image"]]}
+    mine = tmp_path / "c.yaml"
+    mine.write_text(yaml.safe_dump(cfg))
+    from dchag.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(mine)
+    assert str(err.value).count("Indian_pines_corrected.mat") == 1, err.value
+
+
+# -- the README ---------------------------------------------------------------------------
+def readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                cmds.append(line)
+    return cmds
+
+
+def test_readme_snakemake_commands_dry_run_as_written(tmp_path):
+    cmds = readme_commands()
+    snake = [c for c in cmds if c.startswith("snakemake")]
+    assert len(snake) >= 4, cmds
+    configs = sorted({REPO / m for c in snake for m in re.findall(r"config/[\w.]+\.yaml", c)})
+    (tmp_path / "w").mkdir()
+    cwd = workdir(tmp_path / "w", configs)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    # the profile a user installs first (the README's Slurm block does)
+    installed = subprocess.run([sys.executable, "-m", "dchag", "install-profile", "slurm"], cwd=cwd, capture_output=True,
+                               text=True, env={**os.environ, **env})
+    assert installed.returncode == 0, installed.stderr
+    for cmd in snake:
+        args = shlex.split(cmd)[1:]
+        proc = snakemake(cwd, *args, "-n", env=env)
+        assert proc.returncode == 0, f"{cmd}\n{(proc.stdout + proc.stderr)[-3000:]}"
+
+
+def test_readme_dchag_subcommands_exist():
+    from dchag.cli import build_parser
+
+    subcommands = set(build_parser()._subparsers._group_actions[0].choices)
+    for cmd in readme_commands():
+        words = shlex.split(cmd.replace("|", " "))
+        for i, w in enumerate(words):
+            if w == "dchag" and i + 1 < len(words):
+                assert words[i + 1] in subcommands, cmd
