@@ -11,8 +11,7 @@ from dchag.config import validate
 from dchag.era5 import demo
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-REGRID_DATA = SHARED / "data" / "regrid"
+REGRID_DATA = REPO / "tests" / "data" / "regrid"  # real xESMF files (see its README.md)
 LEVELS = [500, 850]
 
 

@@ -171,3 +171,44 @@ def test_readme_dchag_subcommands_exist():
         for i, w in enumerate(words):
             if w == "dchag" and i + 1 < len(words):
                 assert words[i + 1] in subcommands, cmd
+
+
+@pytest.mark.slow
+def test_a_users_own_one_dataset_config_runs_through_training_and_scoring(tmp_path):
+    """Another grid (2.8125 deg), another channel set, one run, the user's netCDF files: the
+    whole pipeline from `snakemake --configfile mine.yaml`, nothing of the demo built."""
+    from dchag.era5 import demo
+    from dchag.store import open_store
+
+    cwd = tmp_path / "w"
+    cwd.mkdir()
+    workdir(cwd, [])
+    raw = cwd / "data"
+    for year in (2001, 2002, 2003):
+        demo.write_year(raw, year, 3.75, [500, 850], time_step_hours=24, days=40)
+    mine = cwd / "mine.yaml"
+    mine.write_text(yaml.safe_dump({
+        "name": "mine",
+        "era5": {"inputs": ["data/pressure_levels_{year}.nc", "data/single_levels_{year}.nc"],
+                 "years": {"train": [2001], "val": [2002], "test": [2003]}, "time_step_hours": 24, "grid": 2.8125,
+                 "channels": {"pressure_level": {"variables": ["geopotential", "temperature"], "levels": [500, 850]},
+                              "single_level": ["2m_temperature"]}},
+        "model": {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 4, "aggregation": "linear", "groups": 2},
+        "parallel": {"tp": 1, "strategy": "baseline", "dp": "none"},
+        "train": {"nproc": 1, "steps": 6, "batch_size": 4, "warmup_steps": 1, "checkpoint_every": 3, "val_every": 3,
+                  "val_batches": 1, "forecast": {"outputs": ["z500", "t850"], "lead_hours": [24, 96]},
+                  "runs": {"fc": {"task": "forecast"}}},
+        "evaluate": {"lead_hours": [24, 48], "conventions": ["wb2"]},
+    }))
+    proc = snakemake(cwd, "--cores", "2", "--configfile", "mine.yaml")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    results = cwd / "results" / "mine"
+    assert not (cwd / "results" / "demo").exists() and not (cwd / "resources").exists()
+    test = open_store(results / "era5" / "test.zarr")
+    assert test.data.shape[1:] == (5, 64, 128) and list(test.channel.values) == ["z500", "z850", "t500", "t850", "t2m"]
+    import pandas as pd
+
+    scores = pd.read_csv(results / "eval" / "era5" / "scores_fc_wb2.csv")
+    assert set(scores.variable) == {"z500", "t850"} and set(scores.lead_time_hours) == {24, 48}
+    assert scores[scores.metric == "rmse"].value.gt(0).all()
+    assert (results / "figures" / "lead_time_wb2.png").exists()

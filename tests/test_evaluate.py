@@ -281,3 +281,15 @@ def test_parallel_checkpoint_loads_into_the_one_device_model(tmp_path, strategy,
     with torch.no_grad():
         out = model(ref["x"], ref["lead"])
     torch.testing.assert_close(out, ref["out"], rtol=1e-5, atol=1e-6)
+
+
+def test_json_outputs_are_strict_json(tmp_path):
+    """NaN is not JSON: result files write null, and a strict parser reads them."""
+    import json
+
+    from dchag.evaluate.recon import write_json
+
+    out = write_json({"ssim": float("nan"), "per_band": np.array([1.0, np.inf]), "n": np.int64(3)}, tmp_path / "r.json")
+    text = out.read_text() if hasattr(out, "read_text") else (tmp_path / "r.json").read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert data == {"ssim": None, "per_band": [1.0, None], "n": 3}

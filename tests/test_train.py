@@ -335,3 +335,26 @@ def test_step_peak_on_the_cpu_with_a_frozen_parameter():
     assert mem["parameters"] == pytest.approx(params, rel=0.05)
     assert mem["optimizer"] == pytest.approx(2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad) / 2**20, rel=0.05)
     assert mem["total"] > mem["parameters"] + mem["optimizer"] and mem["activations"] > 0
+
+
+def test_a_harmless_change_resumes_a_changed_model_restarts_naming_the_keys(data_root, tmp_path):
+    """More steps, another validation cadence or worker count: the run resumes from its
+    checkpoints (and ends as one uninterrupted run of the new length would). A new learning
+    rate: the checkpoints are dropped with a message naming the key and both values."""
+    root, base = data_root
+    out = tmp_path / "run"
+    first = finish(torchrun(run_config(base, steps=4, checkpoint_every=2, val_every=4), out, root), out)
+    assert (out / "final" / ".metadata").exists(), first[-3000:]
+    longer = run_config(base, steps=6, checkpoint_every=2, val_every=3, num_workers=1, val_batches=1)
+    text = finish(torchrun(longer, out, root), out)
+    assert "resuming from" in text and "(step 2)" in text and "another configuration" not in text, text[-3000:]
+    straight = tmp_path / "straight"
+    finish(torchrun(run_config(base, steps=6, checkpoint_every=2, val_every=3), straight, root), straight)
+    # the resumed run replays the same batches: it ends where the uninterrupted one ends
+    wa, wb = final_weights(out), final_weights(straight)
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-6), k
+    changed = run_config(base, steps=6, checkpoint_every=2, val_every=3, lr=0.001)
+    text = finish(torchrun(changed, out, root), out)
+    assert "another configuration (train.lr: 0.003 -> 0.001); starting afresh" in text, text[-3000:]
+    assert "resuming from" not in text
