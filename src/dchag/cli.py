@@ -1,8 +1,9 @@
 """The ``dchag`` command: one subcommand per pipeline stage.
 
-Each Snakemake rule calls exactly one of these; each is also usable on its own. Errors in
-inputs or config end the command with one line naming the file, key or value at fault
-(exit status 2), never a traceback.
+Each Snakemake rule calls exactly one of these; each is also usable on its own. A user's
+mistake (any :class:`dchag.errors.DchagError`) ends the command with one line naming the
+file, key or value at fault (exit status 2), never a traceback; ``-v`` shows the traceback.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -119,6 +120,11 @@ def cmd_describe_model(args) -> None:
 def cmd_demo_hsi(args) -> None:
     from .hsi import demo
 
+    from .store import InputError
+
+    for flag, value, least in (("--size", args.size, 16), ("--image-size", args.image_size, 16), ("--images", args.images, 1)):
+        if value < least:
+            raise InputError(f"demo-hsi {flag} {value}: expected at least {least}")
     outdir = Path(args.outdir)
     demo.write_mat(outdir, args.size, args.size, seed=args.seed)
     demo.write_envi(outdir / "envi", count=args.images, rows=args.image_size, cols=args.image_size, seed=args.seed + 100)
@@ -160,10 +166,10 @@ def cmd_train(args) -> None:
 
 
 def cmd_launch_train(args) -> None:
-    from .config import settings
+    from .config import run_settings
     from .train.launch import launch
 
-    train = settings(_config(args)).train
+    train = run_settings(_config(args), args.run).train  # an unknown run fails here, not in every rank
     launch(args.nproc or train.nproc, train.max_restarts if args.max_restarts is None else args.max_restarts,
            ["--config", args.config, "--run-name", args.run, "--output", args.output, *(["--data-root", args.data_root] if args.data_root else [])],
            args.threads_per_rank)
@@ -592,18 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from .config import ConfigError
-    from .grids import GridError
-    from .regrid.backends import BackendUnavailable
-    from .regrid.weights import WeightsError
-    from .hsi.bands import BandError
-    from .parallel.dims import ParallelConfigError
-    from .train.checkpoint import CheckpointError
-    from .store import InputError
+    from .errors import DchagError
 
     try:
         args.func(args)
-    except (ConfigError, InputError, GridError, WeightsError, BackendUnavailable, BandError, ParallelConfigError, CheckpointError) as err:
+    except DchagError as err:
         if args.verbose:
             raise
         print(f"dchag {args.command}: error: {err}", file=sys.stderr)

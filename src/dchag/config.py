@@ -24,11 +24,12 @@ from typing import Any
 import jsonschema
 import numpy as np
 import yaml
+from .errors import DchagError
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(DchagError, ValueError):
     """The config is invalid; the message names the key or file at fault."""
 
 

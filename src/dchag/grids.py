@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
+from .errors import DchagError
 
 LAT_NAMES = ("latitude", "lat")
 LON_NAMES = ("longitude", "lon")
@@ -19,7 +20,7 @@ LON_NAMES = ("longitude", "lon")
 WEATHERBENCH_SHAPES = {5.625: (32, 64), 2.8125: (64, 128), 1.40625: (128, 256)}
 
 
-class GridError(ValueError):
+class GridError(DchagError, ValueError):
     """An input grid is not the regular lat-lon grid the operation needs."""
 
 

@@ -27,3 +27,19 @@ def _clean(obj: Any) -> Any:
 def dumps(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` with non-finite numbers as null (strict JSON: ``allow_nan=False``)."""
     return json.dumps(_clean(obj), allow_nan=False, default=str, **kwargs)
+
+
+def read_json(path, what: str = "JSON file") -> Any:
+    """A JSON file's content; a missing or unreadable file is a user-facing error naming it."""
+    from pathlib import Path
+
+    from .errors import MissingFileError
+    from .store import InputError
+
+    path = Path(path)
+    if not path.exists():
+        raise MissingFileError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{what} {path} is not readable JSON: {err}") from err

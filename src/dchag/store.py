@@ -17,9 +17,10 @@ from typing import Iterator
 import numpy as np
 import xarray as xr
 import zarr
+from .errors import DchagError, MissingFileError
 
 
-class InputError(ValueError):
+class InputError(DchagError, ValueError):
     """An input file is missing or unreadable; the message names it."""
 
 
@@ -125,6 +126,8 @@ def channel_chunks(shape: tuple[int, ...], time_shard: int) -> dict:
 def open_zarr(path: str | os.PathLike, **kwargs) -> xr.Dataset:
     """xr.open_zarr for stores this package wrote (Zarr v3, not consolidated), quiet about the
     ``.snakemake_timestamp`` file Snakemake leaves in directory outputs."""
+    if not Path(path).exists():
+        raise MissingFileError(f"Zarr store not found: {path}")
     with _quiet_snakemake_timestamp():
         return xr.open_zarr(path, consolidated=False, **kwargs)
 
@@ -137,7 +140,7 @@ def open_store(path: str | os.PathLike) -> xr.Dataset:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"Zarr store not found: {path}")
+        raise MissingFileError(f"Zarr store not found: {path}")
     ds = open_zarr(path)
     names = ds.attrs.get("channel_names")
     if names is not None and "channel" in ds.dims:

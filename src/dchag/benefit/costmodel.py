@@ -28,6 +28,8 @@ subset of channel groups per step).
 
 from __future__ import annotations
 
+from ..config import ConfigError
+
 from dataclasses import dataclass
 
 from . import hardware as hwm
@@ -337,7 +339,7 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
 
     if strategy in ("tp", "dchag-l", "dchag-c"):
         if gpus % t:
-            raise ValueError(f"{gpus} GPUs do not divide into tensor-parallel groups of {t}")
+            raise ConfigError(f"{gpus} GPUs do not divide into tensor-parallel groups of {t}")
         replicas = gpus // t
         agg = {"tp": "baseline", "dchag-l": "linear", "dchag-c": "cross"}[strategy]
         held = c if strategy == "tp" else -(-c // t)
@@ -361,7 +363,7 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
             act += 2 * t * u  # the gathered group tokens and their gradient
         return Prediction(strategy, t, compute_seconds(work, rate), intra, inter,
                           params * BYTES_PER_PARAM_STATE + act + w.runtime_overhead)
-    raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    raise ConfigError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 
 def article_ratio(gradient_bytes: float, compute_s: float, hw: Hardware, gpus: int, gpus_per_node: int,

@@ -125,4 +125,4 @@ def download_year(era5: dict, year: int, source: str, output: str | Path, store:
         return download_arco(era5, year, output, store)
     if source == "cds":
         return download_cds(era5, year, output)
-    raise ValueError(f"unknown ERA5 source {source!r}; expected arco or cds")
+    raise Era5InputError(f"unknown ERA5 source {source!r}; expected arco or cds")

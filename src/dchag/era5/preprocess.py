@@ -181,7 +181,7 @@ def build_split(split: str, year_stores: list[str | Path], stats_file: str | Pat
                 config: dict | None = None, time_shard: int = 32) -> Path:
     """Concatenate a split's years, normalise with the training statistics, write a sharded
     store whose chunks are one time step of one channel."""
-    stats = json.loads(Path(stats_file).read_text())
+    stats = jsonio.read_json(stats_file, "normalisation statistics")
     years = _open_years(year_stores)
     names = years[0].attrs["channel_names"]
     if names != stats["channels"]:

@@ -3,6 +3,8 @@ average (per-class) accuracy, Cohen's kappa, the per-class table and the confusi
 
 from __future__ import annotations
 
+from ..store import InputError
+
 import numpy as np
 
 
@@ -11,10 +13,10 @@ def confusion_matrix(truth, pred, num_classes: int) -> np.ndarray:
     t = np.asarray(truth, dtype=np.int64).ravel()
     p = np.asarray(pred, dtype=np.int64).ravel()
     if t.shape != p.shape:
-        raise ValueError(f"truth and prediction differ in length: {t.size} vs {p.size}")
+        raise InputError(f"truth and prediction differ in length: {t.size} vs {p.size}")
     bad = (t < 0) | (t >= num_classes) | (p < 0) | (p >= num_classes)
     if bad.any():
-        raise ValueError(f"labels outside 0..{num_classes - 1}")
+        raise InputError(f"labels outside 0..{num_classes - 1}")
     return np.bincount(t * num_classes + p, minlength=num_classes**2).reshape(num_classes, num_classes)
 
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ..errors import DchagError
 
 
-class BandError(ValueError):
-    pass
+class BandError(DchagError, ValueError):
+    """A band selection does not fit the image or its sensor."""
 
 
 SENSORS = Path(__file__).parent / "sensors"

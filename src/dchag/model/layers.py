@@ -13,6 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import DchagError
+
+
+class ModelError(DchagError, ValueError):
+    """A model setting is inconsistent (sizes, heads, groups, tree); the message names it."""
+
 
 def sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """(n,) positions -> (n, dim) sin-cos features (dim even)."""
@@ -80,7 +86,7 @@ class ChannelTokenizer(nn.Module):
         p = self.patch_size
         weight = self.weight[channels]
         if c != weight.shape[0]:
-            raise ValueError(f"tokenizer holds {weight.shape[0]} channels here, input has {c}")
+            raise ModelError(f"tokenizer holds {weight.shape[0]} channels here, input has {c}")
         patches = x.reshape(b, c, h // p, p, w // p, p).permute(0, 1, 2, 4, 3, 5).reshape(b, c, -1, p * p)
         # Bias and channel embedding ride in the matmul as a column of ones: one contiguous
         # batched matmul over (b, c), no separate full-size additions or reductions over them.
@@ -99,7 +105,7 @@ class CrossAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int):
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+            raise ModelError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.head_dim = dim // num_heads
         self.wq = nn.Linear(dim, dim)
         self.wk = nn.Linear(dim, dim)
@@ -163,9 +169,9 @@ class PartialAggregator(nn.Module):
         self.kind = kind
         self.tree = tree
         if tree and num_channels % tree:
-            raise ValueError(f"tree {tree} does not divide a group of {num_channels} channels")
+            raise ModelError(f"tree {tree} does not divide a group of {num_channels} channels")
         if tree and tree > num_channels:
-            raise ValueError(f"tree {tree} is larger than a group of {num_channels} channels")
+            raise ModelError(f"tree {tree} is larger than a group of {num_channels} channels")
         if kind == "linear":
             self.level1 = LinearAggregator(num_channels // tree if tree else num_channels)
             self.level2 = LinearAggregator(tree) if tree else None
@@ -173,7 +179,7 @@ class PartialAggregator(nn.Module):
             self.level1 = QueryAggregator(dim, num_heads)
             self.level2 = None
         else:
-            raise ValueError(f"unknown partial aggregator {kind!r}; expected 'linear' or 'cross'")
+            raise ModelError(f"unknown partial aggregator {kind!r}; expected 'linear' or 'cross'")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self.tree:

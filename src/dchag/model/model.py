@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .layers import Block, ChannelTokenizer, PartialAggregator, QueryAggregator, sincos_2d
+from .layers import Block, ChannelTokenizer, ModelError, PartialAggregator, QueryAggregator, sincos_2d
 
 AGGREGATIONS = ("baseline", "linear", "cross")
 TASKS = ("forecast", "mae", "classify")
@@ -51,19 +51,19 @@ class ModelConfig:
         self.img_size = tuple(self.img_size)
         h, w = self.img_size
         if h % self.patch_size or w % self.patch_size:
-            raise ValueError(f"image size {self.img_size} is not divisible by patch_size {self.patch_size}")
+            raise ModelError(f"image size {self.img_size} is not divisible by patch_size {self.patch_size}")
         if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"model.aggregation {self.aggregation!r}: expected one of {', '.join(AGGREGATIONS)}")
+            raise ModelError(f"model.aggregation {self.aggregation!r}: expected one of {', '.join(AGGREGATIONS)}")
         if self.task not in TASKS:
-            raise ValueError(f"model.task {self.task!r}: expected one of {', '.join(TASKS)}")
+            raise ModelError(f"model.task {self.task!r}: expected one of {', '.join(TASKS)}")
         if self.aggregation != "baseline" and not 1 <= self.groups <= self.in_channels:
-            raise ValueError(f"model.groups {self.groups} must be between 1 and the {self.in_channels} input channels")
+            raise ModelError(f"model.groups {self.groups} must be between 1 and the {self.in_channels} input channels")
         if self.task == "forecast" and not self.out_channels:
             self.out_channels = list(range(self.in_channels))
         if self.task == "classify" and self.num_classes < 2:
-            raise ValueError("a classification model needs num_classes >= 2")
+            raise ModelError("a classification model needs num_classes >= 2")
         if self.wavelengths is not None and len(self.wavelengths) != self.in_channels:
-            raise ValueError(f"{len(self.wavelengths)} wavelengths for {self.in_channels} channels")
+            raise ModelError(f"{len(self.wavelengths)} wavelengths for {self.in_channels} channels")
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -129,7 +129,7 @@ class ChannelViT(nn.Module):
         """(B, C_held, H, W) -> (B, L, D). With ``active_groups`` (channel-subset rotation, one
         device) only those groups' channels are tokenized and aggregated."""
         if active_groups is not None and (self.partial is None or self.group_gather is not None):
-            raise ValueError("channel-subset rotation needs a hierarchical model on one device (no D-CHAG gather)")
+            raise ModelError("channel-subset rotation needs a hierarchical model on one device (no D-CHAG gather)")
         if self.partial is None:
             return self.final(self.tokenizer(x))
         # Each group is tokenized on its own: its tokens are contiguous for its aggregator, and
@@ -159,7 +159,7 @@ class ChannelViT(nn.Module):
         tokens = self.aggregate(x, active_groups) + self.pos_embed
         if self.cfg.task == "forecast":
             if lead_time_hours is None:
-                raise ValueError("a forecasting model needs lead_time_hours")
+                raise ModelError("a forecasting model needs lead_time_hours")
             lead = self.lead_time_embed(lead_time_hours.to(tokens.dtype)[:, None] / 100.0)  # ClimaX scaling
             return self.unpatchify(self.head(self.encode(tokens + lead[:, None, :])), len(self.cfg.out_channels))
         if self.cfg.task == "classify":

@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
+from .dims import ParallelConfigError
+
 HOOKS = ("none", "fp16", "powersgd", "int8_ef")
 # "allreduce": plain fp32 averaging issued from Python (synchronously), so the trainer's
 # collective timer sees DDP's communication (DDP's built-in reducer calls it from C++).
@@ -39,7 +41,7 @@ def expand_scales(scale: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 class CompressionHook:
     def __init__(self, kind: str, process_group=None, powersgd_rank: int = 2, timed: bool = False):
         if kind not in (*HOOKS[1:], "allreduce"):
-            raise ValueError(f"parallel.comm_hook {kind!r}: expected one of {', '.join(HOOKS)}")
+            raise ParallelConfigError(f"parallel.comm_hook {kind!r}: expected one of {', '.join(HOOKS)}")
         self.kind = kind
         self.active = kind
         self.group = process_group

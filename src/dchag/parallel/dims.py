@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from ..errors import DchagError
 
 
-class ParallelConfigError(ValueError):
-    pass
+class ParallelConfigError(DchagError, ValueError):
+    """The process layout does not fit the config's parallel section."""
 
 
 def init_distributed() -> tuple[str, torch.device]:

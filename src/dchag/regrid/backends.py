@@ -16,12 +16,13 @@ import xarray as xr
 
 from ..grids import LatLonGrid, cell_edges
 from .weights import RegridWeights
+from ..errors import DchagError
 
 BACKENDS = ("auto", "xesmf", "builtin")
 
 
-class BackendUnavailable(RuntimeError):
-    pass
+class BackendUnavailable(DchagError, RuntimeError):
+    """The regridding backend asked for is not installed."""
 
 
 def xesmf_available() -> bool:
@@ -30,7 +31,7 @@ def xesmf_available() -> bool:
 
 def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
-        raise ValueError(f"unknown regrid backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        raise BackendUnavailable(f"unknown regrid backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     if backend == "auto":
         return "xesmf" if xesmf_available() else "builtin"
     if backend == "xesmf" and not xesmf_available():

@@ -21,11 +21,12 @@ from .. import provenance
 from ..grids import GridError, LatLonGrid
 from .bilinear import bilinear_weights, unit_vectors
 from .conservative import conservative_weights
+from ..errors import DchagError
 
 METHODS = ("bilinear", "conservative")
 
 
-class WeightsError(ValueError):
+class WeightsError(DchagError, ValueError):
     """A weights file is unreadable or belongs to other grids."""
 
 
@@ -58,7 +59,7 @@ class RegridWeights:
         elif method == "conservative":
             matrix = conservative_weights(source, target)
         else:
-            raise ValueError(f"unknown regrid method {method!r}; expected one of {', '.join(METHODS)}")
+            raise WeightsError(f"unknown regrid method {method!r}; expected one of {', '.join(METHODS)}")
         return cls(matrix, source, target, method)
 
     def apply_rows(self, rows: np.ndarray) -> np.ndarray:

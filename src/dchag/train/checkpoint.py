@@ -29,10 +29,11 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.tensor import DTensor
+from ..errors import DchagError
 
 
-class CheckpointError(ValueError):
-    pass
+class CheckpointError(DchagError, ValueError):
+    """A checkpoint is incomplete, unsafe, or made for another model or layout."""
 
 
 _ALLOWED = {

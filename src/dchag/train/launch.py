@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 RDZV_PORT = 29500
 
@@ -69,4 +70,6 @@ def launch(nproc_per_node: int, max_restarts: int, train_args: list[str], thread
     cmd = torchrun_command(nproc_per_node, max_restarts, train_args)
     env = rank_thread_env(dict(os.environ), threads_per_rank) if threads_per_rank else dict(os.environ)
     print(" ".join(cmd[:6]), "...", f"({threads_per_rank} threads per rank)" if threads_per_rank else "", flush=True)
+    if shutil.which(cmd[0], path=env.get("PATH")) is None:  # torch is installed, its script is not on PATH
+        cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:]]
     os.execvpe(cmd[0], cmd, env)

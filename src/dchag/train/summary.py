@@ -10,10 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from .. import provenance
+from ..errors import MissingFileError
 from ..store import atomic_path
 
 
 def _read(log: Path) -> list[dict]:
+    if not log.exists():
+        raise MissingFileError(f"training log not found: {log}")
     with open(log) as f:
         return list(csv.DictReader(f))
 
