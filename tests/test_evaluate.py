@@ -15,7 +15,7 @@ import xarray as xr
 
 from dchag.cli import main
 from dchag.evaluate import classification, recon, weather
-from dchag.evaluate.score import score_files
+from dchag.evaluate.score import ScoreError, score_files
 
 from distributed import run_distributed
 import parallel_checks
@@ -35,15 +35,76 @@ def test_rmse_conventions_differ_as_defined():
 
 
 def test_latitude_weights_by_hand():
-    lat = np.array([0.0, 60.0])  # cos 1 and 0.5, mean 0.75
+    lat = np.array([0.0, 60.0])  # cell bounds -90, 30, 90: areas sin 30 - sin -90 = 1.5 and 0.5
     w = weather.lat_weights(lat)
-    assert w.ravel() == pytest.approx([4 / 3, 2 / 3])
+    assert w.ravel() == pytest.approx([1.5, 0.5])
+    assert weather.lat_weights(lat, "climax").ravel() == pytest.approx([4 / 3, 2 / 3])  # cos 1, 0.5
     truth = np.zeros((1, 2, 1))
-    fc = np.array([[[3.0], [0.0]]])  # error only at the equator: (4/3 * 9 + 0) / 2 = 6
-    assert weather.mse(fc, truth, w) == pytest.approx(6.0)
+    fc = np.array([[[3.0], [0.0]]])  # error only at the equator: (1.5 * 9 + 0) / 2
+    assert weather.mse(fc, truth, w) == pytest.approx(6.75)
 
 
-def test_acc_by_hand_and_the_conventions_differ():
+def _wb2_get_lat_weights(lat_deg):
+    """WeatherBench 2's metrics.get_lat_weights, as its definition reads: the integral of cos
+    between bounds halfway between rows and at the poles, over its mean."""
+    x = np.deg2rad(lat_deg)
+    bounds = [-math.pi / 2, *((a + b) / 2 for a, b in zip(x[:-1], x[1:])), math.pi / 2]
+    area = np.array([math.sin(u) - math.sin(lo) for lo, u in zip(bounds[:-1], bounds[1:])])
+    return area / area.mean()
+
+
+@pytest.mark.parametrize("lat", [
+    np.arange(-90 + 1.40625 / 2, 90, 1.40625),  # the 1.40625 deg WeatherBench grid (128 rows): no poles
+    np.linspace(-90, 90, 121),  # 1.5 deg with both poles (WeatherBench 2's equiangular grids)
+    np.array([-80.0, -30.0, 0.0, 10.0, 75.0]),  # uneven rows
+])
+def test_wb2_latitude_weights_are_cell_areas_on_any_grid(lat):
+    w = weather.lat_weights(lat).ravel()
+    assert w == pytest.approx(_wb2_get_lat_weights(lat), rel=1e-12)
+    cos = np.cos(np.deg2rad(lat))
+    same_as_cos = np.allclose(w, cos / cos.mean(), rtol=1e-9)
+    assert same_as_cos == (lat.size == 128)  # equal exactly on the pole-free, evenly spaced grid
+    if lat[0] == -90:
+        assert w[0] > 0 and cos[0] == pytest.approx(0, abs=1e-15)  # the pole cell has an area
+    with pytest.raises(weather.WeatherScoreError, match="increasing"):
+        weather.lat_weights(lat[::-1])
+
+
+def _climax_lat_weighted_acc(pred, y, clim, lat):
+    """ClimaX's ``lat_weighted_acc`` (climax/utils/metrics.py) for one variable and one batch, in
+    torch as it is written there: clim subtracted, each batch centred by its own mean, one
+    pooled cos-weighted correlation."""
+    w_lat = np.cos(np.deg2rad(lat))
+    w_lat = torch.from_numpy(w_lat / w_lat.mean()).unsqueeze(0).unsqueeze(-1)  # [1, H, 1]
+    pred, y = torch.from_numpy(pred) - torch.from_numpy(clim), torch.from_numpy(y) - torch.from_numpy(clim)
+    pred_prime = pred - torch.mean(pred)
+    y_prime = y - torch.mean(y)
+    return float(torch.sum(w_lat * pred_prime * y_prime) / torch.sqrt(torch.sum(w_lat * pred_prime**2) * torch.sum(w_lat * y_prime**2)))
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, 3])
+def test_climax_acc_equals_climax_code(batch_size):
+    rng = np.random.default_rng(7)
+    lat = np.linspace(-84.375, 84.375, 16)  # 11.25 deg, pole-free
+    truth = rng.normal(size=(7, 16, 8)) + 2 * np.cos(np.deg2rad(lat))[:, None]
+    fc = truth + rng.normal(scale=0.8, size=truth.shape) + rng.normal(size=(7, 1, 1))  # a per-sample bias
+    clim = truth.mean(0)
+    size = batch_size or 7
+    batches = [(s, min(s + size, 7)) for s in range(0, 7, size)]
+    # Lightning's epoch value of a metric logged with batch_size=len(x): the size-weighted mean.
+    expected = np.average([_climax_lat_weighted_acc(fc[a:b], truth[a:b], clim, lat) for a, b in batches],
+                          weights=[b - a for a, b in batches])
+    got = weather.acc_climax(fc, truth, clim, weather.lat_weights(lat, "climax"), batch_size)
+    assert got == pytest.approx(expected, rel=1e-12)
+    if batch_size == 1:  # centring per batch differs from centring over the whole set
+        fa, ta = fc - clim, truth - clim
+        fa, ta = fa - fa.mean(), ta - ta.mean()
+        w = weather.lat_weights(lat, "climax")
+        whole = np.mean([(w * fa[i] * ta[i]).sum() / np.sqrt((w * fa[i] ** 2).sum() * (w * ta[i] ** 2).sum()) for i in range(7)])
+        assert abs(got - whole) > 1e-3
+
+
+def test_wb2_acc_by_hand():
     lat = np.array([-60.0, 60.0])
     w = weather.lat_weights(lat)
     clim = np.zeros((2, 2))
@@ -53,18 +114,7 @@ def test_acc_by_hand_and_the_conventions_differ():
     t = np.array([[[1, 0], [0, 0]], [[2, 1], [0, 1]]], float)
     wb2 = weather.acc_wb2(f, t, np.broadcast_to(clim, f.shape), w)
     assert wb2 == pytest.approx((1 / math.sqrt(2) + 1) / 2)
-    # ClimaX: centre by the mean over all values of the scored set, one pooled correlation.
-    fa, ta = f - f.mean(), t - t.mean()
-    expected = (fa * ta).sum() / math.sqrt((fa**2).sum() * (ta**2).sum())
-    assert weather.acc_climax(f, t, clim, w) == pytest.approx(expected)
-    assert abs(expected - wb2) > 0.01
-    # With batches of one sample: still centred over the whole set, one pooled value per batch,
-    # the mean of those (size-weighted).
-    per = []
-    for i in range(2):
-        a, b = fa[i], ta[i]
-        per.append((a * b).sum() / math.sqrt((a**2).sum() * (b**2).sum()))
-    assert weather.acc_climax(f, t, clim, w, batch_size=1) == pytest.approx(np.mean(per))
+    assert abs(weather.acc_climax(f, t, clim, w) - wb2) > 0.01
 
 
 # -- dchag score on files -------------------------------------------------------------------
@@ -148,7 +198,7 @@ def test_score_cli_climax_differs_from_wb2_and_depends_on_batch_size(files, tmp_
     assert out["climax"][(24, "mse")] == pytest.approx(out["wb2"][(24, "mse")])
     assert out["climax"][(24, "rmse")] < out["wb2"][(24, "rmse")]  # mean of roots <= root of mean
     # ClimaX ACC: anomalies against the scored period's time mean, batch-centred and pooled.
-    w = weather.lat_weights(LAT)
+    w = weather.lat_weights(LAT, "climax")
     valid = init + pd.Timedelta(hours=24)
     scored = sorted(set(init + pd.Timedelta(hours=24)) | set(init + pd.Timedelta(hours=72)))
     tm = truth.t2m.sel(time=scored).mean("time").values
@@ -182,6 +232,20 @@ def test_score_errors_name_what_is_wrong(files, tmp_path, capsys):
     code, err = run("--forecast", fc, "--truth", tr, "--variables", "z500", "--metrics", "rmse", "--convention", "wb2")
     assert code == 2 and "'z500'" in err and "forecast.nc" in err
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_climatology_without_the_scored_days_is_an_error_naming_them(files, tmp_path):
+    root, *_ = files
+    clim = xr.open_zarr(root / "clim.zarr", consolidated=False).load()
+    clim["t2m"][9:12] = np.nan  # days 10-12 out of the climatology years' reach
+    clim.to_zarr(tmp_path / "gappy.zarr", zarr_format=3, consolidated=False)
+    with pytest.raises(ScoreError, match=r"no values for 't2m' on day\(s\) of year \[10, 11, 12\]"):
+        score_files(str(root / "forecast.nc"), str(root / "truth.nc"), str(tmp_path / "gappy.zarr"), "wb2")
+    # The climatology forecast refuses them too, instead of forecasting NaN.
+    from dchag.evaluate.score import _climatology_at
+
+    with pytest.raises(ScoreError, match="day\\(s\\) of year \\[11\\]"):
+        _climatology_at(clim.rename(latitude="lat", longitude="lon")["t2m"], pd.DatetimeIndex(["2019-01-11"]), "gappy.zarr", "t2m")
 
 
 def test_score_regrids_the_forecast_when_asked(files, tmp_path):

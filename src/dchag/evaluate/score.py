@@ -92,9 +92,19 @@ def _climatology_at(clim: xr.DataArray, valid: pd.DatetimeIndex, path: str, var:
     if missing:
         raise ScoreError(f"climatology {path} ({var}) lacks day(s) of year {missing[:10]} needed for the scored valid times")
     try:
-        return clim.sel(sel).transpose("time", "lat", "lon").values
+        values = clim.sel(sel).transpose("time", "lat", "lon").values
     except KeyError as err:
         raise ScoreError(f"climatology {path} ({var}) lacks an hour of day needed for the scored valid times: {err}") from err
+    # A day the climatology years do not reach (beyond its smoothing window) is NaN there: an
+    # ACC against it would be a silent NaN.
+    empty = np.isnan(values).any(axis=(-2, -1))
+    if empty.any():
+        days = sorted(set(valid[empty].day_of_year.tolist()))
+        raise ScoreError(
+            f"climatology {path} has no values for {var!r} on day(s) of year {days[:20]}{' …' if len(days) > 20 else ''} "
+            f"({int(empty.sum())} of the {len(valid)} scored valid times): its years do not cover them; build it "
+            "from years that span the scored days (era5.climatology_split)")
+    return values
 
 
 def score_files(forecast: str, truth: str, climatology: str | None = None, convention: str = "wb2",
@@ -142,7 +152,7 @@ def score_files(forecast: str, truth: str, climatology: str | None = None, conve
 
     init = pd.DatetimeIndex(fds.time.values)
     truth_times = pd.DatetimeIndex(tds.time.values)
-    w = weather.lat_weights(tds.lat.values)
+    w = weather.lat_weights(tds.lat.values, convention)
     # Which forecasts have a truth at their valid time, per lead.
     matches = {}
     for i in leads_idx:

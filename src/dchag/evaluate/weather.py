@@ -7,13 +7,17 @@ the RMSE is its square root; the ACC is the uncentred correlation per time of th
 against a day-of-year(-and-hour) climatology, averaged over time.
 
 ``climax`` (ClimaX's ``lat_weighted_rmse`` / ``lat_weighted_acc``): the RMSE is the square root
-per sample, then the mean over samples; the ACC subtracts a climatology, centres the anomalies
-by their mean over the whole scored set (all samples, latitudes, longitudes, unweighted), and
-pools each batch into one weighted correlation. Batches are consecutive ``batch_size`` samples
-(all of them by default) and the score is the mean over batches weighted by their size, as
-Lightning's epoch average does — so, unlike wb2, the ClimaX ACC depends on the batch size.
-(ClimaX's code centres by each batch's own mean; with all times in one batch, the default,
-the two are the same number.)
+per sample, then the mean over samples; the ACC subtracts a climatology (ClimaX: the time mean
+of the scored split), centres each batch's anomalies by that batch's own mean (over its
+samples, latitudes and longitudes, unweighted) and pools the batch into one weighted
+correlation. Batches are consecutive ``batch_size`` samples (all of them by default) and the
+score is the mean over batches weighted by their size, as Lightning's epoch average does —
+so, unlike wb2, the ClimaX ACC depends on the batch size.
+
+Latitude weights: under ``wb2`` WeatherBench 2's cell-area weights (``get_lat_weights``: the
+integral of cos(latitude) between cell bounds halfway between rows, the outer bounds at the
+poles, normalised to mean 1), right on any grid; under ``climax`` ClimaX's cos(lat) /
+mean(cos(lat)). They are equal on the pole-free, equally spaced WeatherBench grids.
 
 The MSE is the same under both: the mean over times of the weighted spatial MSE.
 """
@@ -22,14 +26,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import DchagError
+
 CONVENTIONS = ("wb2", "climax")
 METRICS = ("rmse", "mse", "acc")
 
 
-def lat_weights(lat: np.ndarray) -> np.ndarray:
-    """cos(lat) / mean(cos(lat)), shape (lat, 1). On the pole-free WeatherBench grids this equals
-    WeatherBench 2's cell-area weights."""
-    w = np.cos(np.deg2rad(np.asarray(lat, dtype=np.float64)))
+class WeatherScoreError(DchagError, ValueError):
+    """A score was asked for on inputs it is not defined for."""
+
+
+def lat_weights(lat: np.ndarray, convention: str = "wb2") -> np.ndarray:
+    """Latitude weights of mean 1, shape (lat, 1); ``lat`` in degrees, ascending.
+
+    ``wb2``: WeatherBench 2's cell-area weights (``get_lat_weights``), right on any grid.
+    ``climax``: ClimaX's cos(lat) / mean(cos(lat)). The two are equal on pole-free, equally
+    spaced grids (the WeatherBench grids); on a grid with pole rows ClimaX's give the poles
+    no weight, while their cells have an area.
+    """
+    deg = np.asarray(lat, dtype=np.float64)
+    if deg.size > 1 and not (np.diff(deg) > 0).all():
+        raise WeatherScoreError(f"latitudes must be strictly increasing, got {deg.tolist()}")
+    rad = np.deg2rad(deg)
+    if convention == "climax":
+        w = np.cos(rad)
+    elif convention == "wb2":
+        bounds = np.concatenate([[-np.pi / 2], (rad[:-1] + rad[1:]) / 2, [np.pi / 2]])
+        w = np.sin(bounds[1:]) - np.sin(bounds[:-1])
+    else:
+        raise WeatherScoreError(f"convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
     return (w / w.mean())[:, None]
 
 
@@ -48,7 +73,7 @@ def rmse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray, convention: str
         return float(np.sqrt(per_time.mean()))
     if convention == "climax":
         return float(np.sqrt(per_time).mean())
-    raise ValueError(f"convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
+    raise WeatherScoreError(f"convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
 
 
 def acc_wb2(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.ndarray) -> float:
@@ -63,18 +88,17 @@ def acc_wb2(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.nda
 
 
 def acc_climax(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.ndarray, batch_size: int | None = None) -> float:
-    """ClimaX's pooled ACC (anomalies centred over the whole set); ``clim`` broadcasts against (time, lat, lon)."""
+    """ClimaX's pooled ACC: per batch, anomalies centred by the batch's own mean, one weighted
+    correlation; batches averaged by size. ``clim`` broadcasts against (time, lat, lon)."""
     fa = np.asarray(forecast, np.float64) - clim
     ta = np.asarray(truth, np.float64) - clim
-    fa = fa - fa.mean()
-    ta = ta - ta.mean()
     n = fa.shape[0]
     size = n if not batch_size else int(batch_size)
     values, counts = [], []
     for start in range(0, n, size):
         f = fa[start:start + size]
         t = ta[start:start + size]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            values.append(np.sum(w * f * t) / np.sqrt(np.sum(w * f**2) * np.sum(w * t**2)))
+        f, t = f - f.mean(), t - t.mean()
+        values.append(np.sum(w * f * t) / np.sqrt(np.sum(w * f**2) * np.sum(w * t**2)))
         counts.append(f.shape[0])
     return float(np.average(values, weights=counts))
