@@ -176,7 +176,7 @@ def test_bandwidth_curve_interpolates_by_tensor_size():
 
 def _training_logs(run: Path, step_ms: float, val_loss: float, steps: int = 12) -> None:
     """Logs as the trainer writes them (its CsvLog), two ranks, constant times per step."""
-    from dchag.train.trainer import RANK_FIELDS, CsvLog
+    from dchag.train.metrics import RANK_FIELDS, CsvLog
 
     run.mkdir(parents=True)
     log = CsvLog(run / "log.csv", ["step", "loss", "val_loss"], 0)

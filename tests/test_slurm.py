@@ -58,14 +58,10 @@ SLURM_ARGS = ["--profile", "slurm", "--slurm-status-command", "squeue", "--slurm
 
 
 def _final_tensors(run_dir: Path) -> dict:
-    from dchag.model import ChannelViT
-    from dchag.train.checkpoint import load_weights
-    from dchag.config import load_config, run_settings
-    from dchag.train.trainer import Task
+    from dchag.config import load_config
+    from dchag.train.loading import load_trained
 
-    cfg = run_settings(load_config(str(run_dir.parents[3] / "small.yaml")), RUN)
-    model = ChannelViT(Task(cfg, run_dir.parents[1]).model_cfg)
-    load_weights(model, run_dir / "final")
+    *_, model = load_trained(load_config(str(run_dir.parents[3] / "small.yaml")), RUN, run_dir / "final", "forecast")
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -44,6 +44,10 @@ def data_root(tmp_path_factory):
     return root, cfg
 
 
+def _stores(root: Path) -> list[str]:
+    return ["--train-data", str(root / "era5" / "train.zarr"), "--val-data", str(root / "era5" / "val.zarr")]
+
+
 def run_config(cfg: dict, **train) -> dict:
     out = {
         **cfg,
@@ -62,7 +66,7 @@ def run_config(cfg: dict, **train) -> dict:
 def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
            "--monitor-interval", "0.5",
-           "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir), "--data-root", str(root)]
+           "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir), *_stores(root)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outdir.mkdir(parents=True, exist_ok=True)
     log = open(outdir.parent / f"{outdir.name}.out", "w")  # a file, not a pipe: a full pipe would block the run
@@ -125,7 +129,7 @@ def test_sigkill_a_worker_then_resume_equals_uninterrupted_run(data_root, tmp_pa
 def _cli(cfg, tmp_path, root):
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     return subprocess.run([sys.executable, "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f",
-                           "--output", str(tmp_path / "run"), "--data-root", str(root)], capture_output=True, text=True, env=env)
+                           "--output", str(tmp_path / "run"), *_stores(root)], capture_output=True, text=True, env=env)
 
 
 @pytest.mark.parametrize(

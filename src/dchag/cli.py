@@ -100,13 +100,13 @@ def cmd_describe_model(args) -> None:
     from dataclasses import replace
 
     from .config import settings
-    from .model.build import model_config
     from .model.describe import describe, format_table
+    from .train.tasks import era5_model_config
 
     cfg = settings(_config(args))
-    mcfg = model_config(cfg, task=args.task, num_classes=args.num_classes or (16 if args.task == "classify" else 0))
-    if args.channels:
-        mcfg = replace(mcfg, in_channels=args.channels, out_channels=[c for c in mcfg.out_channels if c < args.channels])
+    mcfg = era5_model_config(cfg, in_channels=args.channels)  # the config's ERA5 grid and channels
+    if args.task != "forecast":
+        mcfg = replace(mcfg, task=args.task, out_channels=[], num_classes=args.num_classes or (16 if args.task == "classify" else 0))
     groups = args.groups or cfg.parallel.tp
     rows = describe(mcfg, groups)
     if args.json:
@@ -138,7 +138,17 @@ def _parse_fractions(text: str) -> tuple[float, float, float]:
 
 
 def cmd_preprocess_hsi(args) -> None:
-    from .hsi.preprocess import BandOptions, preprocess_classification, preprocess_tiles
+    from .hsi.preprocess import BandOptions, preprocess_classification, preprocess_from_config, preprocess_tiles
+    from .store import InputError
+
+    if args.config:
+        if not args.task or args.input:
+            raise InputError("preprocess-hsi --config takes --task classification|mae and no input files "
+                             "(the config's hsi section names them)")
+        preprocess_from_config(_config(args), args.task, args.output)
+        return
+    if not args.input:
+        raise InputError("preprocess-hsi needs input file(s), or --config FILE --task classification|mae")
 
     opts = BandOptions(
         preset=args.preset, drop_bands=args.drop_bands,
@@ -159,20 +169,32 @@ def cmd_preprocess_hsi(args) -> None:
                          seed=args.seed, config=provenance_cfg)
 
 
+def _stores(args, config: dict, run: str) -> dict[str, str]:
+    """The run's train/val stores: as given, else where the pipeline puts them (results/<name>)."""
+    from .config import run_settings
+    from .train.tasks import default_stores
+
+    default = default_stores(config, run_settings(config, run).task)
+    return {"train": args.train_data or str(default["train"]), "val": args.val_data or args.train_data or str(default["val"])}
+
+
 def cmd_train(args) -> None:
     from .train.trainer import main as train_main
 
-    train_main(_config(args), args.run, args.output, args.data_root)
+    config = _config(args)
+    train_main(config, args.run, args.output, _stores(args, config, args.run))
 
 
 def cmd_launch_train(args) -> None:
     from .config import run_settings
     from .train.launch import launch
 
-    train = run_settings(_config(args), args.run).train  # an unknown run fails here, not in every rank
+    config = _config(args)
+    train = run_settings(config, args.run).train  # an unknown run fails here, not in every rank
+    stores = _stores(args, config, args.run)
     launch(args.nproc or train.nproc, train.max_restarts if args.max_restarts is None else args.max_restarts,
-           ["--config", args.config, "--run-name", args.run, "--output", args.output, *(["--data-root", args.data_root] if args.data_root else [])],
-           args.threads_per_rank)
+           ["--config", args.config, "--run-name", args.run, "--output", args.output, "--train-data", stores["train"],
+            "--val-data", stores["val"]], args.threads_per_rank)
 
 
 def cmd_train_summary(args) -> None:
@@ -194,7 +216,7 @@ def cmd_forecast(args) -> None:
     from .evaluate.forecast import model_forecast
 
     model_forecast(_config(args), args.run, args.checkpoint, args.data, args.lead_hours, args.output,
-                   data_root=args.data_root, batch_size=args.batch_size)
+                   batch_size=args.batch_size)
 
 
 def cmd_baseline_forecast(args) -> None:
@@ -232,7 +254,7 @@ def cmd_score_recon(args) -> None:
 def cmd_evaluate_mae(args) -> None:
     from .evaluate.hsi import evaluate_mae
 
-    r = evaluate_mae(_config(args), args.run, args.checkpoint, args.output, args.samples, args.data_root)
+    r = evaluate_mae(_config(args), args.run, args.checkpoint, args.output, args.samples, args.data)
     for region in ("masked", "full"):
         print(region, " ".join(f"{k}={r[region][k]:.4g}" for k in ("rmse", "psnr", "ssim", "sam", "ergas")))
 
@@ -240,7 +262,7 @@ def cmd_evaluate_mae(args) -> None:
 def cmd_evaluate_classify(args) -> None:
     from .evaluate.hsi import evaluate_classification
 
-    r = evaluate_classification(_config(args), args.run, args.checkpoint, args.output, args.per_class, args.map, args.data_root)
+    r = evaluate_classification(_config(args), args.run, args.checkpoint, args.output, args.per_class, args.map, args.data)
     print(f"OA {r['overall_accuracy']:.4f}  AA {r['average_accuracy']:.4f}  kappa {r['kappa']:.4f}")
 
 
@@ -361,6 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
     def config_arg(sp):
         sp.add_argument("--config", required=True, help="config YAML file, or an inline JSON object")
 
+    def train_data_args(sp):
+        sp.add_argument("--train-data", help="training store (default: the task's store under results/<name>: "
+                        "era5/train.zarr, hsi/mae.zarr or hsi/classification.zarr)")
+        sp.add_argument("--val-data", help="validation store (default: era5/val.zarr beside it; for hyperspectral "
+                        "tasks the training store, whose val group is read)")
+
     sp = add("demo-era5", cmd_demo_era5, "write the synthetic ERA5-layout demo inputs (netCDF, labelled synthetic)")
     config_arg(sp)
     sp.add_argument("--outdir", required=True)
@@ -415,7 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("preprocess-hsi", cmd_preprocess_hsi,
              "hyperspectral image(s) -> normalised patches (with --labels) or tiles, one Zarr store with train/val/test groups")
-    sp.add_argument("input", nargs="+", help="ENVI header(s) or .mat file(s); several (or a glob) for tiles")
+    sp.add_argument("input", nargs="*", help="ENVI header(s) or .mat file(s); several (or a glob) for tiles")
+    sp.add_argument("--config", help="take the files and every option from this config's hsi section instead (with --task)")
+    sp.add_argument("--task", choices=["classification", "mae"], help="with --config: which store to make")
     sp.add_argument("--labels", help="ground-truth map: makes classification patches centred on labelled pixels")
     sp.add_argument("--key", help="variable of the image in a .mat file")
     sp.add_argument("--labels-key", help="variable of the labels in a .mat file")
@@ -443,14 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
     config_arg(sp)
     sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
     sp.add_argument("--output", required=True, help="run directory: checkpoints/, final/, log.csv, tensorboard/, run.json")
-    sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
+    train_data_args(sp)
 
     sp = add("launch-train", cmd_launch_train,
              "start `dchag train` under torchrun: standalone, or per node with c10d rendezvous from a Slurm allocation")
     config_arg(sp)
     sp.add_argument("--run-name", dest="run", required=True)
     sp.add_argument("--output", required=True)
-    sp.add_argument("--data-root")
+    train_data_args(sp)
     sp.add_argument("--nproc", type=int, help="processes per node (default: train.nproc)")
     sp.add_argument("--max-restarts", type=int, help="default: train.max_restarts")
     sp.add_argument("--threads-per-rank", type=int,
@@ -480,14 +510,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--variables", nargs="+", required=True)
     sp.add_argument("--output", required=True)
 
-    def trained_run_args(sp):
+    def trained_run_args(sp, store: bool = True):
         config_arg(sp)
         sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
         sp.add_argument("--checkpoint", required=True, help="the run's final/ (or checkpoints/step_N) directory")
-        sp.add_argument("--data-root", help="where the preprocessed stores are (default results/<name>)")
+        if store:
+            sp.add_argument("--data", help="the hyperspectral store to score on (its test group; default under results/<name>)")
 
     sp = add("forecast", cmd_forecast, "run a trained forecast model over a split: a WeatherBench-layout Zarr of forecasts")
-    trained_run_args(sp)
+    trained_run_args(sp, store=False)
     sp.add_argument("--data", required=True, help="normalised split store to initialise from")
     sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
     sp.add_argument("--batch-size", type=int, default=32)

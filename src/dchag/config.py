@@ -247,6 +247,8 @@ class TrainSettings:
     num_workers: int
     prefetch_factor: int
     measure_comm: bool
+    measure_memory: bool
+    tensorboard: bool
     forecast: ForecastSettings
     mae: MaeSettings
     rotation: Rotation | None  # None: no channel-subset rotation

@@ -14,7 +14,7 @@ if ERA5 and ERA5["demo"]:
         log:
             f"{LOGS}/era5_demo_{{year}}.log",
         conda:
-            "../../envs/preprocess.yaml"
+            "../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
             cfg=config_arg("era5"),
@@ -30,7 +30,7 @@ if ERA5 and ERA5["demo"]:
             log:
                 f"{LOGS}/era5_demo_constants.log",
             conda:
-                "../../envs/preprocess.yaml"
+                "../envs/preprocess.yaml"
             params:
                 dchag=DCHAG,
                 cfg=config_arg("era5"),
@@ -47,7 +47,7 @@ if ERA5 and ERA5["download"]:
         log:
             f"{LOGS}/download_era5_{{year}}.log",
         conda:
-            "../../envs/preprocess.yaml"
+            "../envs/preprocess.yaml"
         resources:
             runtime=720,
         params:
@@ -76,7 +76,7 @@ rule era5_weights:
     log:
         f"{LOGS}/era5_weights.log",
     conda:
-        "../../envs/preprocess.yaml"
+        "../envs/preprocess.yaml"
     params:
         dchag=DCHAG,
         cfg=config_arg("era5"),
@@ -96,7 +96,7 @@ rule era5_year:
     benchmark:
         f"{RESULTS}/benchmarks/era5_year_{{year}}.tsv"
     conda:
-        "../../envs/preprocess.yaml"
+        "../envs/preprocess.yaml"
     resources:
         mem_mb=4000,
         runtime=120,
@@ -116,7 +116,7 @@ rule era5_stats:
     log:
         f"{LOGS}/era5_stats.log",
     conda:
-        "../../envs/preprocess.yaml"
+        "../envs/preprocess.yaml"
     params:
         dchag=DCHAG,
         cfg=config_arg("era5"),
@@ -135,7 +135,7 @@ rule era5_split:
     wildcard_constraints:
         split="train|val|test",
     conda:
-        "../../envs/preprocess.yaml"
+        "../envs/preprocess.yaml"
     params:
         dchag=DCHAG,
         cfg=config_arg("era5"),
@@ -152,7 +152,7 @@ rule era5_climatology:
     log:
         f"{LOGS}/era5_climatology.log",
     conda:
-        "../../envs/preprocess.yaml"
+        "../envs/preprocess.yaml"
     params:
         dchag=DCHAG,
         cfg=config_arg("era5"),

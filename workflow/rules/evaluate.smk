@@ -10,7 +10,7 @@ rule era5_truth:
     log:
         f"{LOGS}/era5_truth.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         variables=" ".join(forecast_outputs()) if FORECAST_RUNS else "",
@@ -23,7 +23,6 @@ rule forecast:
     input:
         final=f"{RESULTS}/train/{{run}}/final",
         test=f"{RESULTS}/era5/test.zarr",
-        train=f"{RESULTS}/era5/train.zarr",
     output:
         directory(f"{EVAL_DIR}/era5/forecast_{{run}}.zarr"),
     log:
@@ -33,16 +32,15 @@ rule forecast:
     wildcard_constraints:
         run="|".join(FORECAST_RUNS) or "NO_RUNS",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         cfg=train_config_arg,
         leads=" ".join(map(str, EVAL["lead_hours"])),
         batch=EVAL["inference_batch_size"],
-        data=lambda w, input: Path(input.train).parents[1],
     shell:
         "{params.dchag} forecast --config {params.cfg} --run-name {wildcards.run} --checkpoint {input.final} "
-        "--data {input.test} --data-root {params.data} --lead-hours {params.leads} "
+        "--data {input.test} --lead-hours {params.leads} "
         "--batch-size {params.batch} --output {output} > {log} 2>&1"
 
 
@@ -57,7 +55,7 @@ rule baseline_forecast:
     wildcard_constraints:
         kind="|".join(BASELINE_FORECASTS),
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         variables=" ".join(forecast_outputs()) if FORECAST_RUNS else "",
@@ -87,7 +85,7 @@ rule score:
         source="|".join([*FORECAST_RUNS, *BASELINE_FORECASTS]),
         convention="wb2|climax",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         batch=lambda w: (
@@ -106,7 +104,7 @@ rule score:
 
 rule compare_scores:
     input:
-        baseline=lambda w: f"{EVAL_DIR}/era5/scores_{comparisons()[w.candidate]}_{w.convention}.csv",
+        baseline=lambda w: f"{EVAL_DIR}/era5/scores_{COMPARISONS[w.candidate]}_{w.convention}.csv",
         candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.csv",
     output:
         report(
@@ -119,13 +117,13 @@ rule compare_scores:
     log:
         f"{LOGS}/compare_{{candidate}}_{{convention}}.log",
     wildcard_constraints:
-        candidate="|".join(comparisons()) or "NO_RUNS",
+        candidate="|".join(COMPARISONS) or "NO_RUNS",
         convention="wb2|climax",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
-        base=lambda w: comparisons()[w.candidate],
+        base=lambda w: COMPARISONS[w.candidate],
     shell:
         "{params.dchag} compare-scores --baseline {input.baseline} --candidate {input.candidate} "
         "--baseline-name {params.base} --candidate-name {wildcards.candidate} --output {output} > {log} 2>&1"
@@ -143,14 +141,13 @@ rule evaluate_mae:
     wildcard_constraints:
         run="|".join(MAE_RUNS) or "NO_RUNS",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         cfg=train_config_arg,
-        data=lambda w, input: Path(input.store).parents[1],
     shell:
         "{params.dchag} evaluate-mae --config {params.cfg} --run-name {wildcards.run} --checkpoint {input.final} "
-        "--data-root {params.data} --output {output.scores} --samples {output.samples} > {log} 2>&1"
+        "--data {input.store} --output {output.scores} --samples {output.samples} > {log} 2>&1"
 
 
 rule evaluate_classify:
@@ -171,14 +168,13 @@ rule evaluate_classify:
     wildcard_constraints:
         run="|".join(CLASSIFY_RUNS) or "NO_RUNS",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         cfg=train_config_arg,
-        data=lambda w, input: Path(input.store).parents[1],
     shell:
         "{params.dchag} evaluate-classify --config {params.cfg} --run-name {wildcards.run} "
-        "--checkpoint {input.final} --data-root {params.data} --output {output.scores} "
+        "--checkpoint {input.final} --data {input.store} --output {output.scores} "
         "--per-class {output.per_class} --map {output.map} > {log} 2>&1"
 
 
@@ -196,7 +192,7 @@ rule hsi_scores:
     log:
         f"{LOGS}/hsi_scores.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:

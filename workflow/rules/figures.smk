@@ -16,7 +16,7 @@ rule fig_loss_curves:
     log:
         f"{LOGS}/fig_loss_curves.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
@@ -42,7 +42,7 @@ rule fig_lead_time:
     wildcard_constraints:
         convention="wb2|climax",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
@@ -64,7 +64,7 @@ rule fig_forecast_maps:
     log:
         f"{LOGS}/fig_forecast_maps.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         variable=(
@@ -91,7 +91,7 @@ rule fig_memory_throughput:
     log:
         f"{LOGS}/fig_memory_throughput.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
@@ -112,7 +112,7 @@ rule fig_hsi_reconstruction:
     log:
         f"{LOGS}/fig_hsi_reconstruction.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
@@ -133,7 +133,7 @@ rule fig_classification:
     log:
         f"{LOGS}/fig_classification.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
@@ -166,7 +166,7 @@ rule verify_report:
     log:
         f"{LOGS}/verify_report.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
         runs=" ".join(f"{run}={RESULTS}/train/{run}" for run in VERIFY_RUNS),

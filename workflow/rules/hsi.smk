@@ -12,7 +12,7 @@ if HSI and HSI["demo"]:
         log:
             f"{LOGS}/hsi_demo.log",
         conda:
-            "../../envs/preprocess.yaml"
+            "../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
             outdir=lambda w, output: Path(output.image).parent,
@@ -31,13 +31,12 @@ if "classification" in HSI:
         log:
             f"{LOGS}/hsi_classification.log",
         conda:
-            "../../envs/preprocess.yaml"
+            "../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
-            flags=hsi_flags("classification"),
+            cfg=config_arg("hsi"),
         shell:
-            "{params.dchag} preprocess-hsi {input.image} --labels {input.labels} {params.flags} "
-            "--output {output} > {log} 2>&1"
+            "{params.dchag} preprocess-hsi --config {params.cfg} --task classification --output {output} > {log} 2>&1"
 
 
 if "mae" in HSI:
@@ -50,10 +49,9 @@ if "mae" in HSI:
         log:
             f"{LOGS}/hsi_mae.log",
         conda:
-            "../../envs/preprocess.yaml"
+            "../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
-            images=" ".join(shlex.quote(p) for p in HSI["mae"]["images"]),
-            flags=hsi_flags("mae"),
+            cfg=config_arg("hsi"),
         shell:
-            "{params.dchag} preprocess-hsi {params.images} {params.flags} --output {output} > {log} 2>&1"
+            "{params.dchag} preprocess-hsi --config {params.cfg} --task mae --output {output} > {log} 2>&1"

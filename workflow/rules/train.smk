@@ -7,7 +7,7 @@
 
 rule train:
     input:
-        train_inputs,
+        unpack(train_inputs),
     output:
         final=directory(f"{RESULTS}/train/{{run}}/final"),
         log=f"{RESULTS}/train/{{run}}/log.csv",
@@ -18,7 +18,7 @@ rule train:
     wildcard_constraints:
         run="|".join(ALL_RUNS) or "NO_RUNS",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     threads: lambda w: run_train(w.run).nproc
     resources:
         **train_resources(),
@@ -31,10 +31,9 @@ rule train:
         # the job's threads, which torchrun would pass to every rank)
         rank_threads=lambda w, threads: max(1, threads // run_train(w.run).nproc),
         outdir=lambda w, output: Path(output.log).parent,
-        data=lambda w, input: Path(input[0]).parents[1],
     shell:
         "{params.launch} launch-train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
-        "--data-root {params.data} --nproc {params.nproc} --max-restarts {params.restarts} "
+        "--train-data {input.train} --val-data {input.val} --nproc {params.nproc} --max-restarts {params.restarts} "
         "--threads-per-rank {params.rank_threads} > {log} 2>&1"
 
 
@@ -46,7 +45,7 @@ rule train_summary:
     log:
         f"{LOGS}/train_summary.log",
     conda:
-        "../../envs/train.yaml"
+        "../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:

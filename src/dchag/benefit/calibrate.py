@@ -34,12 +34,12 @@ def workload_from_config(config: dict, channels: int | None = None, batch: int |
     """The cost model's workload for the config's model (forecasting), with the config's ERA5
     channels and grid unless ``channels`` / ``image`` say otherwise."""
     from ..config import ConfigError, settings
-    from ..model.build import model_config
+    from ..train.tasks import era5_model_config
 
     if image is None and "era5" not in config:
         raise ConfigError("the config has no era5 section: pass the image size (--image H W) and --channels")
     s = settings(config)
-    cfg = model_config(s, "forecast", in_channels=channels, img_size=image)
+    cfg = era5_model_config(s, in_channels=channels, img_size=image)
     return Workload(channels=cfg.in_channels, embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads,
                     tokens=cfg.num_patches, patch_size=cfg.patch_size,
                     batch=batch or s.train.batch_size, mlp_ratio=cfg.mlp_ratio,
@@ -163,9 +163,9 @@ def _model_step(config: dict, w: Workload, device: torch.device, channels: int |
     """Seconds of one training step (AdamW) of the config's data-parallel (one-device) model."""
     from ..config import settings
     from ..model import ChannelViT
-    from ..model.build import model_config
+    from ..train.tasks import era5_model_config
 
-    cfg = model_config(settings(config), "forecast", in_channels=channels)
+    cfg = era5_model_config(settings(config), in_channels=channels)
     cfg.aggregation, cfg.groups = "baseline", 1
     model = ChannelViT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

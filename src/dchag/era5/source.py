@@ -33,6 +33,20 @@ class Channel:
         return self.variable.long_name if self.level is None else f"{self.variable.long_name}_{self.level}"
 
 
+DEFAULT_FORECAST_OUTPUTS = ("z500", "t850", "t2m", "u10", "v10")
+
+
+def channel_names(era5: dict) -> list[str]:
+    """The input channels' short names, in store order."""
+    return [c.name for c in channels_from_config(era5)]
+
+
+def forecast_outputs(outputs: list[str] | None, names: list[str]) -> list[str]:
+    """The forecast variables: ``outputs`` (train.forecast.outputs), or (None) the default five
+    that are among ``names``."""
+    return list(outputs) if outputs else [n for n in DEFAULT_FORECAST_OUTPUTS if n in names]
+
+
 def channels_from_config(era5: dict) -> list[Channel]:
     """Pressure-level channels (variable-major, levels in config order), then single-level, then constants."""
     spec = era5["channels"]

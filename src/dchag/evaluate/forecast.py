@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .. import provenance
 from ..store import InputError, open_store, write_zarr
 from ..train.data import select_channels
-from ..train.trainer import load_trained
+from ..train.loading import load_trained
 
 
 log = logging.getLogger(__name__)
@@ -125,10 +125,10 @@ def baseline_forecast(kind: str, store: str, variables: list[str], lead_hours: l
 
 
 def model_forecast(config: dict, run: str, checkpoint: str, store: str, lead_hours: list[int], output: str,
-                   data_root: str | None = None, batch_size: int = 32) -> Path:
+                   batch_size: int = 32) -> Path:
     """The trained model's forecasts from every initialisation time of ``store`` (a normalised
     split store) at each lead, on one device (the checkpoint's parallel layout is undone)."""
-    cfg, task, model = load_trained(config, run, checkpoint, "forecast", data_root)
+    cfg, task, model = load_trained(config, run, checkpoint, "forecast")
     trained = cfg.train.forecast.lead_hours
     outside = [h for h in lead_hours if not trained[0] <= h <= trained[-1]]
     if outside:

@@ -23,7 +23,7 @@ from .. import provenance
 from ..model import ChannelViT, random_masking
 from ..store import atomic_path
 from ..train.data import open_array, store_info
-from ..train.trainer import load_trained
+from ..train.loading import load_trained
 from . import classification, recon
 
 
@@ -33,10 +33,10 @@ def _band_stats(store: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return mean[:, None, None], std[:, None, None]
 
 
-def evaluate_mae(config: dict, run: str, checkpoint: str, output: str, samples: str, data_root: str | None = None,
+def evaluate_mae(config: dict, run: str, checkpoint: str, output: str, samples: str, store: str | None = None,
                  batch_size: int = 16, keep: int = 4) -> dict:
-    cfg, task, model = load_trained(config, run, checkpoint, "mae", data_root)
-    store = task.store["train"]
+    cfg, task, model = load_trained(config, run, checkpoint, "mae", store)
+    store = task.stores["train"]
     tiles = open_array(store, "test/tiles")
     if tiles.shape[0] == 0:
         raise recon.ReconError(f"{store} has no test tiles to score")
@@ -82,9 +82,9 @@ def _predict(model: ChannelViT, array: zarr.Array, batch_size: int, desc: str) -
 
 
 def evaluate_classification(config: dict, run: str, checkpoint: str, output: str, per_class: str, class_map: str,
-                            data_root: str | None = None, batch_size: int = 256) -> dict:
-    cfg, task, model = load_trained(config, run, checkpoint, "classify", data_root)
-    store = task.store["train"]
+                            store: str | None = None, batch_size: int = 256) -> dict:
+    cfg, task, model = load_trained(config, run, checkpoint, "classify", store)
+    store = task.stores["train"]
     names = store_info(store, "train").get("class_names") or task.class_names
     preds, labels, rows, cols, splits = {}, {}, {}, {}, {}
     for i, split in enumerate(("train", "val", "test")):

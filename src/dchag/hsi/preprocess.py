@@ -462,3 +462,28 @@ def preprocess_tiles(images: list[str], output: str | Path, opts: BandOptions, *
             attrs={**attrs, "split": s},
         )
     return _write(groups, output, "tiles", opts.band_chunk)
+
+
+def band_options(hsi: dict, task: str) -> BandOptions:
+    """The band handling of a validated config's ``hsi`` section, for ``task`` (classification | mae)."""
+    return BandOptions(preset=hsi["preset"], drop_bands=hsi["drop_bands"],
+                       drop_wavelengths=[list(map(float, r)) for r in hsi["drop_wavelengths"] or []],
+                       nan_policy=hsi["nan_policy"],
+                       clip_percentiles=tuple(hsi["clip_percentiles"]) if hsi["clip_percentiles"] else None,
+                       band_chunk=hsi["band_chunk"], key=hsi[task]["image_key"])
+
+
+def preprocess_from_config(config: dict, task: str, output: str | Path) -> Path:
+    """The store of ``task`` (classification | mae) as a validated config's ``hsi`` section
+    describes it: its files, bands, patches or tiles, split and seed."""
+    hsi = config.get("hsi") or {}
+    if task not in hsi:
+        raise HsiInputError(f"the config has no 'hsi.{task}' section")
+    sec, opts = hsi[task], band_options(hsi, task)
+    if task == "classification":
+        return preprocess_classification(
+            sec["image"], sec["labels"], output, opts, labels_key=sec["labels_key"], patch=sec["patch"], split=sec["split"],
+            fractions=sec["fractions"], seed=sec["seed"], block=sec["block"], class_names=sec["class_names"],
+            missing_class=sec["missing_class"], config=config)
+    return preprocess_tiles(sec["images"], output, opts, tile=sec["tile"], fractions=sec["fractions"], seed=sec["seed"],
+                            config=config)

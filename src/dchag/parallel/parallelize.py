@@ -169,15 +169,17 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, tp_group: dist.ProcessGro
     each counted once: DTensor shards reduced over their mesh, D-CHAG's rank-local
     parameters summed over the TP group, replicated ones taken as they are."""
     core = model.module if hasattr(model, "module") else model
-    shared = torch.zeros((), dtype=torch.float64)
-    local = torch.zeros((), dtype=torch.float64)
+    device = next((p.grad.device for p in model.parameters() if p.grad is not None), torch.device("cpu"))
+    # Norms stay on the gradients' device: the TP all-reduce below runs there (NCCL takes no CPU tensors).
+    shared = torch.zeros((), dtype=torch.float64, device=device)
+    local = torch.zeros((), dtype=torch.float64, device=device)
     grads = []
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
         g = p.grad
         sq = torch.linalg.vector_norm(g, 2.0)
-        sq = (sq.full_tensor() if isinstance(sq, DTensor) else sq).double().cpu() ** 2
+        sq = (sq.full_tensor() if isinstance(sq, DTensor) else sq).double().to(device) ** 2
         if tp_local_parameter(name, core):
             local += sq
         else:

@@ -11,11 +11,16 @@ with another channel layout fails with the mismatched keys listed.
 
 Checkpoints are written to a temporary directory and renamed when every rank is done, so a
 crash mid-save never leaves one that looks complete.
+
+:class:`CheckpointManager` is the training loop's view: the run's checkpoint directory, the
+policy (save every N steps and at the end, resume from the newest), and the guard that a run
+resumes only checkpoints of its own configuration.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import re
 import shutil
@@ -29,6 +34,7 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.tensor import DTensor
+
 from ..errors import DchagError
 
 
@@ -239,3 +245,89 @@ def load_weights(model: nn.Module, directory: str | Path) -> None:
             if tuple(value.shape) != tuple(p.shape):
                 raise CheckpointError(f"checkpoint {directory}: {name} has shape {tuple(value.shape)}, the model {tuple(p.shape)}")
             p.copy_(value)
+
+
+# -- the training loop's checkpoint policy ---------------------------------------------------
+# Settings that change neither the model, the data order nor the optimiser's state: a run
+# whose config differs from its checkpoints' only in these resumes from them.
+RESUMABLE = {"train.steps", "train.checkpoint_every", "train.val_every", "train.val_batches", "train.num_workers",
+             "train.prefetch_factor", "train.measure_comm", "train.measure_memory", "train.tensorboard",
+             "train.max_restarts", "train.gpus_per_node", "parallel.activation_checkpointing",
+             "parallel.fsdp_reshard_after_forward"}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def fingerprint(cfg) -> dict:
+    """What a run's checkpoints depend on: the task, its dataset section, model, parallel and
+    train settings (dotted keys), less the RESUMABLE ones. ``cfg``: a RunSettings."""
+    from dataclasses import asdict
+
+    data = {"era5": cfg.era5} if cfg.task == "forecast" else {"hsi": cfg.hsi}
+    train = {k: v for k, v in asdict(cfg.train).items() if k != "runs"}
+    flat = _flatten({"task": cfg.task, **data, "model": asdict(cfg.model), "parallel": asdict(cfg.parallel), "train": train})
+    return json.loads(json.dumps({k: v for k, v in flat.items() if k not in RESUMABLE}, default=str))
+
+
+def changed_keys(old: dict | None, new: dict) -> list[str]:
+    """'key: old -> new' for every key that differs (all, when there is no readable record)."""
+    if old is None:
+        return ["no readable record of the checkpoints' configuration"]
+    return [f"{k}: {old.get(k, '(absent)')} -> {new.get(k, '(absent)')}" for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)]
+
+
+def _read_record(path: Path) -> dict | None:
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
+
+
+class CheckpointManager:
+    """A run's checkpoints: ``<run>/checkpoints/step_N`` every ``every`` steps and ``<run>/final``.
+
+    ``prepare()`` (every rank, once) removes checkpoints of another configuration, naming the
+    keys that changed, and records this one's; ``latest()`` is the newest complete step
+    checkpoint to resume from.
+    """
+
+    def __init__(self, run_dir: str | Path, record: dict, every: int, rank: int):
+        self.directory = Path(run_dir) / "checkpoints"
+        self.final_dir = Path(run_dir) / "final"
+        self.record, self.every, self.rank = record, every, rank
+
+    def prepare(self) -> None:
+        if self.rank == 0:
+            stamp = self.directory / "run_config.json"
+            if self.directory.exists():
+                changed = changed_keys(_read_record(stamp), self.record)
+                if changed:
+                    print(f"{self.directory} holds checkpoints of another configuration ({'; '.join(changed)}); "
+                          "starting afresh", flush=True)
+                    shutil.rmtree(self.directory)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(json.dumps(self.record, sort_keys=True, indent=1))
+        if dist.is_initialized():
+            dist.barrier()
+
+    def latest(self) -> Path | None:
+        return latest(self.directory)
+
+    def due(self, step: int, total: int) -> bool:
+        return step % self.every == 0 and step < total
+
+    def save_step(self, tensors: dict[str, torch.Tensor], step: int) -> Path:
+        return save(tensors, self.directory / f"step_{step}")
+
+    def save_final(self, tensors: dict[str, torch.Tensor]) -> Path:
+        return save(tensors, self.final_dir)

@@ -1,0 +1,136 @@
+"""What a training run records: ``log.csv`` (one row per step), ``ranks.csv`` (every rank's
+throughput, memory and timings), TensorBoard event files in ``tensorboard/`` and a progress
+bar, all on rank 0. Files under construction end in ``.partial`` until the run completes.
+
+Instruments that slow the step they measure are opt-in: ``train.measure_comm`` times the
+collectives of every step (``instrumented`` = ``comm``; the timings are kept, they are what
+is being measured), ``train.measure_memory`` tracks one step's peak memory on the CPU with
+MemTracker (``instrumented`` = ``memory``), whose bookkeeping distorts that step: its timings
+are NaN and the run's log names it as left out.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from tqdm.auto import tqdm
+
+RANK_FIELDS = ["samples_per_s", "peak_mem_mib", "t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]
+FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", *RANK_FIELDS, "instrumented", "val_loss", "val_accuracy"]
+
+
+@dataclass
+class StepTimes:
+    data: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+
+
+class CommTimer(TorchDispatchMode):
+    """Seconds spent inside collective calls and their waits (c10d and functional collectives
+    as dispatched ops): on gloo these block, so this is the communication time; on NCCL the
+    calls are asynchronous and this undercounts (use a profiler there). It intercepts every
+    operator of the step, which slows the step: opt-in (``train.measure_comm``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "c10d" not in str(func):
+            return func(*args, **(kwargs or {}))
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.total += time.perf_counter() - t0
+        return out
+
+    def take(self) -> float:
+        total, self.total = self.total, 0.0
+        return total
+
+
+class CsvLog:
+    """An append-only CSV log; reopened after a restart, it keeps the rows up to the step
+    resumed from (later ones are redone by the resumed run)."""
+
+    def __init__(self, path: Path, fields: list[str], resume_step: int):
+        self.path, self.fields = path, fields
+        kept = []
+        if path.exists() and resume_step > 0:
+            with open(path) as f:
+                kept = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(kept)
+
+    def append(self, row: dict) -> None:
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.fields).writerow({k: row.get(k) for k in self.fields})
+
+
+def gather_rank_values(row: dict, device: torch.device) -> list[list[float]] | None:
+    """Every rank's RANK_FIELDS of this step on rank 0 (None elsewhere): one small collective,
+    on the training device (NCCL takes no CPU tensors)."""
+    mine = torch.tensor([row[k] if row.get(k) is not None else float("nan") for k in RANK_FIELDS],
+                        dtype=torch.float64, device=device)
+    rank0 = dist.get_rank() == 0
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())] if rank0 else None
+    dist.gather(mine, everyone, dst=0)
+    return [v.tolist() for v in everyone] if rank0 else None
+
+
+class MetricsLogger:
+    """Rank 0's logs of one run (other ranks hold a logger that writes nothing)."""
+
+    def __init__(self, out: Path, run: str, rank: int, total_steps: int, resume_step: int, tensorboard: bool):
+        self.out, self.active = Path(out), rank == 0
+        self.paths = {"log": self.out / "log.csv.partial", "ranks": self.out / "ranks.csv.partial"}
+        self.excluded: list[int] = []
+        if not self.active:
+            return
+        self.log = CsvLog(self.paths["log"], FIELDS, resume_step)
+        self.ranks = CsvLog(self.paths["ranks"], ["step", "rank", *RANK_FIELDS], resume_step)
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: a resumed run drops the events its previous attempt wrote past the resume step
+            self.tb = SummaryWriter(log_dir=str(self.out / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        self.bar = tqdm(total=total_steps, initial=resume_step, desc=f"train {run}", mininterval=2)
+
+    def record(self, row: dict, rank_values: list[list[float]] | None) -> None:
+        if "memory" in (row.get("instrumented") or ""):
+            self.excluded.append(int(row["step"]))
+        if not self.active:
+            return
+        self.log.append(row)
+        for r, values in enumerate(rank_values or []):
+            self.ranks.append({"step": row["step"], "rank": r, **dict(zip(RANK_FIELDS, values))})
+        if self.tb is not None:
+            for k, v in row.items():
+                if k not in ("step", "epoch", "instrumented") and isinstance(v, (int, float)) and v == v:
+                    self.tb.add_scalar(f"train/{k}" if not k.startswith("val_") else f"val/{k[4:]}", v, row["step"])
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{row['loss']:.4f}")
+
+    def close(self, complete: bool) -> None:
+        """Flush; when the run completed, the logs take their final names."""
+        if not self.active:
+            return
+        self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if complete:
+            self.paths["log"].replace(self.out / "log.csv")
+            self.paths["ranks"].replace(self.out / "ranks.csv")
+        if self.excluded:
+            print(f"step(s) {self.excluded} ran under memory tracking and are left out of the timings "
+                  "(NaN in log.csv; its 'instrumented' column names them)", flush=True)
