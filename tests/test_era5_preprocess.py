@@ -221,8 +221,31 @@ def test_interrupted_write_leaves_nothing(era5_config, weights, tmp_path, monkey
     assert not out.exists() and _no_leftovers(tmp_path) == []
 
 
-def test_time_subsampling_and_valid_time_names(era5_config, weights, tmp_path):
-    era5_config["era5"]["time_step_hours"] = 24
-    ds = open_store(preprocess_year(era5_config["era5"], 2001, weights, tmp_path / "o.zarr"))
-    assert (pd.DatetimeIndex(ds.time.values).hour == 0).all()
-    assert len(ds.time) == 10
+def test_time_subsampling_keeps_the_steps_on_the_configured_interval(tmp_path):
+    """6-hourly inputs (CDS names: valid_time, pressure_level) read every 12 h: the store holds
+    the 00 and 12 UTC fields themselves, not averages, and no other hour."""
+    from conftest import LEVELS, small_era5_config
+    from dchag.era5 import demo
+
+    raw = tmp_path / "raw"
+    for year in (2001, 2002, 2003):
+        demo.write_year(raw, year, 3.75, LEVELS, time_step_hours=6, days=3)
+    demo.write_constants(raw, 3.75)
+    cfg = small_era5_config(raw)["era5"]
+    make_weights(cfg, 2001, tmp_path / "w.nc")
+    source = xr.open_dataset(raw / "single_levels_2001.nc")
+    time_name = "valid_time" if "valid_time" in source.dims else "time"
+    assert pd.DatetimeIndex(source[time_name].values).hour.unique().tolist() == [0, 6, 12, 18]
+    for step, hours in ((12, [0, 12]), (24, [0]), (6, [0, 6, 12, 18])):
+        cfg["time_step_hours"] = step
+        ds = open_store(preprocess_year(cfg, 2001, tmp_path / "w.nc", tmp_path / f"o{step}.zarr"))
+        times = pd.DatetimeIndex(ds.time.values)
+        assert sorted(set(times.hour)) == hours and len(times) == 3 * len(hours), step
+        # each kept step is the regridded input of that very time (read with netCDF4 itself)
+        w = RegridWeights.from_netcdf(tmp_path / "w.nc", _grid(raw), weatherbench_grid(5.625))
+        file_times = pd.DatetimeIndex(source[time_name].values)
+        with netCDF4.Dataset(raw / "single_levels_2001.nc") as nc:
+            for k in (1, len(times) - 1):
+                field = np.asarray(nc["t2m"][file_times.get_loc(times[k])], dtype=np.float64)
+                expected = (w.matrix @ field.ravel()).reshape(32, 64)
+                assert np.allclose(ds.data.sel(channel="t2m").isel(time=k).values, expected, rtol=1e-6), (step, k)

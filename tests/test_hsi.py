@@ -145,7 +145,13 @@ def test_stratified_split_has_every_class_in_training(scene):
     for cls in np.unique(flat[flat > 0]):
         n = (flat == cls).sum()
         assert (flat[s["train"]] == cls).sum() == max(1, round(0.1 * n))
-    assert sum(v.size for v in s.values()) == (flat > 0).sum()
+    # every labelled pixel in exactly one split, none unlabelled
+    together = np.concatenate(list(s.values()))
+    assert together.size == np.unique(together).size == (flat > 0).sum()
+    assert set(together.tolist()) == set(np.flatnonzero(flat > 0).tolist())
+    # and the same seed gives the same split, another seed another
+    assert all(np.array_equal(a, b) for a, b in zip(s.values(), stratified_split(labels, (0.1, 0.1, 0.8), seed=0).values()))
+    assert not np.array_equal(s["train"], stratified_split(labels, (0.1, 0.1, 0.8), seed=1)["train"])
 
 
 # -- stores -------------------------------------------------------------------------------------
