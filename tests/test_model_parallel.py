@@ -1,4 +1,4 @@
-"""Proofs on CPU with gloo, in 1, 2 and 4 processes: D-CHAG and TP equal the one-device model."""
+"""Proofs on CPU with gloo, in 2 and 4 processes: D-CHAG and TP equal the one-device model."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ DCHAG_CASES = {
         dict(aggregation="linear", groups=2, tree=2),
         dict(aggregation="cross", groups=2, tree=0),
         dict(aggregation="cross", groups=2, tree=4),
+        # the other tasks, with uneven blocks (4 + 3 channels)
+        dict(aggregation="linear", groups=2, in_channels=7, task="mae", out_channels=[]),
+        dict(aggregation="cross", groups=2, in_channels=7, task="classify", out_channels=[], num_classes=3),
     ],
     4: [
         dict(aggregation="linear", groups=4, tree=0),
@@ -20,6 +23,8 @@ DCHAG_CASES = {
         dict(aggregation="cross", groups=4, tree=2),
         dict(aggregation="linear", groups=4, in_channels=10),  # uneven: 3, 3, 2, 2
         dict(aggregation="cross", groups=4, in_channels=10),
+        dict(aggregation="linear", groups=4, in_channels=10, task="mae", out_channels=[]),
+        dict(aggregation="linear", groups=4, in_channels=10, task="classify", out_channels=[], num_classes=3),
     ],
 }
 
@@ -29,9 +34,10 @@ def test_dchag_equals_one_device_hierarchical_model(world):
     run_distributed(checks.check_tp_matches_one_device, world, "dchag", DCHAG_CASES[world])
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [2, 4])
 def test_baseline_tp_equals_one_device_model(world):
-    run_distributed(checks.check_tp_matches_one_device, world, "baseline", [dict(aggregation="baseline")])
+    run_distributed(checks.check_tp_matches_one_device, world, "baseline",
+                    [dict(aggregation="baseline"), dict(aggregation="baseline", task="classify", out_channels=[], num_classes=3)])
 
 
 @pytest.mark.parametrize("strategy", ["dchag", "baseline"])
