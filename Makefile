@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= 2
 
-.PHONY: demo test clean
+.PHONY: demo test test-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "dchag needs Python >= 3.11")'
@@ -19,9 +19,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --cores $(CORES)
 
-# The test suite, exactly as CI runs it (.ci/run).
+# The test suite, exactly as CI runs it (.ci/run): two workers, one test file each at a time
+# (the end-to-end tests share no state and mostly wait on subprocesses).
+# `make test-quick` leaves the end-to-end (integration) tests out.
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile
+
+test-quick: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile -m "not integration"
 
 clean:
 	rm -rf results logs resources .snakemake

@@ -90,7 +90,7 @@ def test_fit_recovers_alpha_and_bandwidth():
     assert f["alpha"] == pytest.approx(alpha, rel=1e-6) and f["bw"] == pytest.approx(bw, rel=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_calibrate_on_a_gloo_group_then_advise(tmp_path):
     out = tmp_path / "hw.yaml"
     torchrun = Path(sys.executable).parent / "torchrun"

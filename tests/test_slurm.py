@@ -25,7 +25,7 @@ RUN = "forecast-dchag"
 why_not = slurm_cluster.available()
 if why_not and os.environ.get("DCHAG_REQUIRE_SLURM"):
     raise RuntimeError(f"DCHAG_REQUIRE_SLURM is set but a Slurm test cluster cannot start: {why_not}")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_not is not None, reason=f"Slurm test cluster: {why_not}")]
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(why_not is not None, reason=f"Slurm test cluster: {why_not}")]
 
 
 @pytest.fixture(scope="module")

@@ -394,3 +394,17 @@ def test_a_harmless_change_resumes_a_changed_model_restarts_naming_the_keys(data
     text = finish(torchrun(changed, out, root), out)
     assert "another configuration (train.lr: 0.003 -> 0.001); starting afresh" in text, text[-3000:]
     assert "resuming from" not in text
+
+
+def test_single_process_groups_need_no_port():
+    """`dchag` commands run without torchrun make a group of one in memory: two at once on one
+    machine do not collide (there is no fixed port)."""
+    code = ("import os, time; from dchag.parallel import init_distributed; import torch, torch.distributed as dist; "
+            "init_distributed(); t = torch.ones(1); dist.all_reduce(t); time.sleep(2); "
+            "assert 'MASTER_PORT' not in os.environ; print(dist.get_world_size())")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK")}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o.strip() for o, _ in outs] == ["1", "1"]

@@ -54,6 +54,7 @@ def test_dry_run_plans_the_demo_dag(tmp_path):
     assert job_counts(proc.stdout + proc.stderr) == DEMO_JOBS
 
 
+@pytest.mark.integration
 def test_demo_pipeline_produces_normalised_stores(tmp_path):
     proc = snakemake(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

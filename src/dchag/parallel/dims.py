@@ -28,13 +28,12 @@ def init_distributed() -> tuple[str, torch.device]:
     else:
         backend, device = "gloo", torch.device("cpu")
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # plain `python`: a group of one
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29511")
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         kwargs = {}
+        if "RANK" not in os.environ:  # plain `python`: a group of one, in memory (no port to collide on)
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+            kwargs = dict(store=dist.HashStore(), rank=0, world_size=1)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if not kwargs and attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # A group restarted by torchrun (--max-restarts) must not read the addresses its
             # previous attempt left in the agent's store: give each attempt its own key space.
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
