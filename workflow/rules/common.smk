@@ -37,8 +37,16 @@ CONFIG_DIR = Path(".snakemake") / "dchag-config"
 def config_arg(*sections):
     """The config sections a rule uses, as the path of a content-addressed JSON file (a rule
     reruns when its own sections change and not when another's do)."""
-    path = shlex.quote(str(plan.write_config(plan.section_config(S, *sections), "+".join(sections), CONFIG_DIR)))
-    return lambda wildcards: path  # a function, so "{year}" inside is not taken as a wildcard
+    path = shlex.quote(
+        str(
+            plan.write_config(
+                plan.section_config(S, *sections), "+".join(sections), CONFIG_DIR
+            )
+        )
+    )
+    return (
+        lambda wildcards: path
+    )  # a function, so "{year}" inside is not taken as a wildcard
 
 
 # -- ERA5 ----------------------------------------------------------------------------------
@@ -116,7 +124,10 @@ def verify_inputs(wildcards):
 def run_stores(run):
     """The stores a run trains on: train and val."""
     if ALL_RUNS[run]["task"] == "forecast":
-        return {"train": f"{RESULTS}/era5/train.zarr", "val": f"{RESULTS}/era5/val.zarr"}
+        return {
+            "train": f"{RESULTS}/era5/train.zarr",
+            "val": f"{RESULTS}/era5/val.zarr",
+        }
     store = f"{RESULTS}/hsi/{'mae' if ALL_RUNS[run]['task'] == 'mae' else 'classification'}.zarr"
     return {"train": store, "val": store}
 
