@@ -94,9 +94,9 @@ def run_worker(args) -> None:
                     step()
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                elapsed = torch.tensor((time.perf_counter() - t0) / args.steps)
+                elapsed = torch.tensor((time.perf_counter() - t0) / args.steps, device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                mem_t = torch.tensor(mem["total"])
+                mem_t = torch.tensor(mem["total"], device=device)
                 dist.all_reduce(mem_t, op=dist.ReduceOp.MAX)
                 result[part] = {**{k: round(v, 2) for k, v in mem.items()}, "max_rank_total": round(float(mem_t), 2),
                                 "step_seconds": round(float(elapsed), 4)}

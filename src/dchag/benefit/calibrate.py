@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..parallel.dims import collective_device
 from .costmodel import Workload
 from .hardware import Compute, Hardware
 from .trace import count
@@ -60,7 +61,7 @@ def _time(fn, repeats: int, group=None, min_s: float = 0.0) -> float:
             fn()
         times.append((time.perf_counter() - t0) / inner)
     # the slowest rank decides: take the maximum over ranks of each rank's median
-    t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t)
 
@@ -149,10 +150,10 @@ def _processor(w: Workload, device: torch.device, repeats: int) -> dict:
     tp_linear_s = max(0.0, (_per_op(lambda: tp(inp).sum().backward(), 50) - _per_op(lambda: plain(inp).sum().backward(), 50)) / 2)
     opt_plain, opt_tp = torch.optim.AdamW(plain.parameters()), torch.optim.AdamW(tp.parameters())
     dtensor_param_s = max(0.0, (_per_op(opt_tp.step, 50) - _per_op(opt_plain.step, 50)) / 4)
-    worst = torch.tensor([matmul_s, op_s, tp_linear_s, dtensor_param_s], dtype=torch.float64)
+    worst = torch.tensor([matmul_s, op_s, tp_linear_s, dtensor_param_s], dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the slowest rank decides
     matmul_s, op_s, tp_linear_s, dtensor_param_s = worst.tolist()
-    bws = torch.tensor([bw for _, bw in curve], dtype=torch.float64)
+    bws = torch.tensor([bw for _, bw in curve], dtype=torch.float64, device=device)
     dist.all_reduce(bws, op=dist.ReduceOp.MIN)
     curve = [[size, float(bw)] for (size, _), bw in zip(curve, bws)]
     return {"flops_per_s": 2 * m * k * n / matmul_s, "matmul": [m, k, n], "mem_bw": curve[-1][1], "mem_curve": curve,
@@ -189,7 +190,7 @@ def calibrate(config: dict | None, output: str | Path, sizes: list[int] | None =
     world = dist.get_world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if sizes is None:
-        top = 26 if backend == "nccl" else 24
+        top = 26 if "nccl" in backend else 24
         sizes = [2**k for k in range(10, top + 1, 2)]
     measured = {"backend": backend, "world_size": world, "ranks_per_node": local}
     intra_ranks = list(range(min(local, world)))

@@ -1,7 +1,16 @@
-"""The process layout: world = dp x tp, as a DeviceMesh with named dimensions.
+"""The process layout: world = dp x tp, as a DeviceMesh with named dimensions, and the
+process group it lives on.
 
 Tensor-parallel groups are consecutive ranks (inside a node on a cluster); data-parallel
 groups join the ranks with the same tensor-parallel index.
+
+The rule for collectives, everywhere in dchag (training, validation, logging, clipping, the
+MAE gather, ``calibrate``, the benchmarks): **every tensor handed to a collective lies on the
+training device** — the rank's GPU under NCCL, the CPU under gloo — small bookkeeping tensors
+included (:func:`collective_device` says where, for code that has no model at hand). On CUDA
+the default group is created as ``cpu:gloo,cuda:nccl``: NCCL carries dchag's collectives, and
+gloo is there for what torch itself does with CPU objects (DCP's metadata exchange,
+``all_gather_object``), never as a place for dchag's own tensors.
 """
 
 from __future__ import annotations
@@ -21,9 +30,10 @@ class ParallelConfigError(DchagError, ValueError):
 
 def init_distributed() -> tuple[str, torch.device]:
     """Initialise the default process group from torchrun's environment (or a single process):
-    NCCL when CUDA is available, gloo otherwise."""
+    NCCL for CUDA tensors (with gloo beside it for CPU objects) when CUDA is available, gloo
+    otherwise. Returns the backend and this rank's training device."""
     if torch.cuda.is_available():
-        backend, device = "nccl", torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        backend, device = "cpu:gloo,cuda:nccl", torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
@@ -39,8 +49,16 @@ def init_distributed() -> tuple[str, torch.device]:
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
             kwargs = dict(store=dist.PrefixStore(f"dchag/attempt_{attempt}", store),
                           rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None, **kwargs)
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None, **kwargs)
     return backend, device
+
+
+def collective_device() -> torch.device:
+    """The device for tensors handed to collectives of the default group: this rank's GPU when
+    the group runs NCCL, else the CPU."""
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 @dataclass
