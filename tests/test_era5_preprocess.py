@@ -79,6 +79,23 @@ def test_splits_are_normalised_with_training_statistics(era5_config, weights, tm
     assert np.allclose(clim["t850_time_mean"].values, raw[:, 3].mean(axis=0), rtol=1e-5)
 
 
+def test_climatology_is_a_61_day_circular_window_and_leaves_unreached_days_empty(era5_config, weights, tmp_path):
+    """Two years of the first 10 days each: the day-of-year mean over years, then a centred
+    61-day window around the year (day 366 reaches days 1-30), NaN where no day is in reach."""
+    stores = [preprocess_year(era5_config["era5"], y, weights, tmp_path / f"{y}.zarr") for y in (2001, 2002)]
+    clim = open_store(climatology(stores, tmp_path / "clim.zarr"))
+    raw = np.stack([open_store(s).data.sel(channel="t2m").values for s in stores])  # (year, day, lat, lon)
+    per_day = raw.mean(axis=0).astype(np.float64)  # days 1..10, averaged over the two years
+    got = clim["t2m"].values.astype(np.float64)
+    for doy in (1, 5, 20, 40, 41, 200, 337, 340, 366):
+        in_reach = [d for d in range(1, 11) if min(abs(doy - d), 366 - abs(doy - d)) <= 30]
+        if in_reach:
+            assert np.allclose(got[doy - 1], per_day[[d - 1 for d in in_reach]].mean(0), rtol=1e-5), doy
+        else:
+            assert np.isnan(got[doy - 1]).all(), doy
+    assert not np.isnan(got[39]).any() and np.isnan(got[40]).all()  # day 40 reaches day 10, day 41 reaches none
+
+
 def test_peak_memory_is_flat_in_time_steps(era5_files, tmp_path):
     """Streaming by time chunk: 3x the time steps, about the same peak (tracemalloc sees numpy)."""
     import tracemalloc
