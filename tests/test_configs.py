@@ -4,7 +4,9 @@ README's shell commands are run as written (snakemake ones as dry runs)."""
 
 from __future__ import annotations
 
+
 import glob
+import json
 import os
 import re
 import shlex
@@ -97,8 +99,10 @@ def test_a_key_deleted_from_a_dataset_config_is_gone(tmp_path):
     cwd = workdir(tmp_path / "w", [mine])
     proc = snakemake(cwd, "hsi_classification", "-n", "--printshellcmds", "--cores", "2", "--configfile", str(mine))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    command = next(line for line in proc.stdout.splitlines() if "preprocess-hsi" in line)
-    assert "--preset" not in command and "indian_pines_gt" in command
+    command = next(line for line in proc.stdout.splitlines() if "preprocess-hsi" in line).split()
+    rule_config = json.loads((cwd / command[command.index("--config") + 1]).read_text())  # what the rule's job reads
+    assert rule_config["hsi"].get("preset") is None  # the schema's default, not the demo's indian_pines
+    assert rule_config["hsi"]["classification"]["labels"].endswith("Indian_pines_gt.mat")
 
 
 def test_dataset_only_config_parses_and_plans_preprocessing_only(tmp_path):
