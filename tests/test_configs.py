@@ -4,7 +4,6 @@ README's shell commands are run as written (snakemake ones as dry runs)."""
 
 from __future__ import annotations
 
-
 import glob
 import json
 import os
