@@ -52,14 +52,14 @@ def _loss(model, x, lead, target):
     """The task's loss on the model's input ``x`` (a rank's channel block under D-CHAG); the
     targets are whole: the forecast fields, every channel of the input for masked
     autoencoding (as the trainer gathers them), class labels."""
-    task = model.cfg.task
+    task = getattr(model, "module", model).cfg.task
     if task == "forecast":
         return ((model(x, lead) - target) ** 2).mean()
     if task == "classify":
         return torch.nn.functional.cross_entropy(model(x), target)
     from dchag.model import random_masking
 
-    ids_keep, mask = random_masking(x.shape[0], model.cfg.num_patches, 0.5, torch.Generator().manual_seed(3))
+    ids_keep, mask = random_masking(x.shape[0], getattr(model, "module", model).cfg.num_patches, 0.5, torch.Generator().manual_seed(3))
     pred = model(x, ids_keep=ids_keep)
     return ((pred - target) ** 2).mean()
 

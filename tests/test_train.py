@@ -206,7 +206,9 @@ def test_cluster_launch_command_from_a_slurm_allocation():
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_NNODES": "2", "PATH": "/nonexistent"}
     cmd = torchrun_command(4, 2, ["--config", "c.yaml"], env)
     assert cmd[:3] == ["torchrun", "--nproc-per-node=4", "--max-restarts=2"]
-    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node07:29500", "--rdzv-id=4242"} <= set(cmd)
+    # the port follows the job id (two jobs on one head node do not share it), or DCHAG_RDZV_PORT
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node07:29742", "--rdzv-id=4242"} <= set(cmd)
+    assert "--rdzv-endpoint=node07:31000" in torchrun_command(4, 2, [], {**env, "DCHAG_RDZV_PORT": "31000"})
     assert cmd[-5:] == ["-m", "dchag", "train", "--config", "c.yaml"]
     assert "--standalone" in torchrun_command(2, 1, [], {"PATH": "/nonexistent"})
     # A one-node allocation: standalone (a free port), so jobs sharing a node do not collide.
@@ -408,3 +410,42 @@ def test_single_process_groups_need_no_port():
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert [o.strip() for o, _ in outs] == ["1", "1"]
+
+
+@pytest.mark.integration
+def test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group(data_root, tmp_path):
+    """Two `dchag launch-train` agents, one per "node", started with the environment srun gives
+    one task per node (SLURM_*; c10d rendezvous on the first node), form one 4-rank group —
+    TP 2 x FSDP 2 — and train to the weights of the same run as 4 processes on one node."""
+    root, base = data_root
+    cfg = run_config(base, steps=6, checkpoint_every=3, val_every=3)
+    cfg["parallel"] = {"tp": 2, "strategy": "dchag", "dp": "fsdp"}
+    cfg["train"]["nproc"] = 2
+    one = torchrun(cfg, tmp_path / "one", root, nproc=4)
+    out = finish(one, tmp_path / "one")
+    assert one.returncode == 0, out[-3000:]
+
+    config = tmp_path / "two.json"
+    config.write_text(json.dumps(cfg))
+    port = free_port()
+    agents = []
+    for node in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "MASTER_"))}
+        env.update(SLURM_JOB_ID="9001", SLURM_JOB_NODELIST="localhost,localhost", SLURM_NNODES="2", SLURM_NODEID=str(node),
+                   SLURM_PROCID=str(node), SLURM_NTASKS="2", SLURM_LOCALID="0", DCHAG_RDZV_PORT=str(port), OMP_NUM_THREADS="1",
+                   PATH=f"{BIN}:{env['PATH']}")
+        log = open(tmp_path / f"agent{node}.out", "w")
+        agents.append(subprocess.Popen([str(BIN / "dchag"), "launch-train", "--config", str(config), "--run-name", "f",
+                                        "--output", str(tmp_path / "two"), *_stores(root), "--max-restarts", "0"],
+                                       stdout=log, stderr=subprocess.STDOUT, env=env))
+    for a in agents:
+        a.wait(timeout=400)
+    logs = [(tmp_path / f"agent{n}.out").read_text() for n in range(2)]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(x[-2000:] for x in logs)
+    assert all("--nnodes=2" in x and "--rdzv-backend=c10d" in x for x in logs), logs[0][:500]
+    info = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert info["parallel"]["world_size"] == 4 and info["parallel"]["dp"] == 2 and info["parallel"]["tp"] == 2
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-8), k

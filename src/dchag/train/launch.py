@@ -13,7 +13,16 @@ import shutil
 import subprocess
 import sys
 
-RDZV_PORT = 29500
+RDZV_BASE_PORT = 29500
+
+
+def rendezvous_port(env: dict) -> int:
+    """The c10d rendezvous port on the head node: ``DCHAG_RDZV_PORT`` if set, else one derived
+    from the job id (every node of a job computes the same; two jobs sharing a head node get
+    different ones, which a fixed port would not)."""
+    if env.get("DCHAG_RDZV_PORT"):
+        return int(env["DCHAG_RDZV_PORT"])
+    return RDZV_BASE_PORT + int(re.sub(r"\D", "", env.get("SLURM_JOB_ID", "")) or 0) % 2000
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
@@ -48,7 +57,7 @@ def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[st
     # One node (a laptop, or a one-node Slurm job): standalone picks a free port, so several
     # training jobs can share a node.
     if nnodes > 1 and "SLURM_JOB_ID" in env and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
-        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={slurm_head_node(env)}:{RDZV_PORT}",
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={slurm_head_node(env)}:{rendezvous_port(env)}",
                 f"--rdzv-id={env['SLURM_JOB_ID']}"]
     else:
         cmd += ["--standalone"]
