@@ -52,3 +52,17 @@ def era5_files(tmp_path_factory) -> Path:
 @pytest.fixture
 def era5_config(era5_files) -> dict:
     return copy.deepcopy(small_era5_config(era5_files))
+
+
+# The longest end-to-end tests first: under pytest-xdist (make test: -n 2 --dist loadfile)
+# a file is scheduled where its first test falls, so the two longest start at once on the two
+# workers (the Slurm one mostly waits on job states) and the short ones fill in around them.
+FIRST = ["test_workflow.py", "test_slurm.py", "test_gpu_check.py", "test_configs.py", "test_train.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = item.path.name
+        return (FIRST.index(name) if name in FIRST else len(FIRST), 0 if item.get_closest_marker("integration") else 1)
+
+    items.sort(key=rank)  # stable: the order inside a file is kept

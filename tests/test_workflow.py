@@ -56,7 +56,12 @@ def test_dry_run_plans_the_demo_dag(tmp_path):
 
 @pytest.mark.integration
 def test_demo_pipeline_produces_normalised_stores(tmp_path):
-    proc = snakemake(tmp_path)
+    """The demo as `make demo` runs it, with 60 training steps instead of 150 (CI's time; the
+    full demo is timed in benchmarks/results/demo_training.md)."""
+    short = tmp_path / "short.yaml"
+    short.write_text("train:\n  steps: 60\n  checkpoint_every: 30\n  val_every: 30\n")
+    demo = [REPO / "config" / "demo.yaml", short]
+    proc = snakemake(tmp_path, configfile=demo)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = tmp_path / "results" / "demo" / "era5"
     for split in ("train", "val", "test"):
@@ -81,14 +86,14 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     assert {r["run"] for r in rows} == {f"{t}-{v}" for t in ("forecast", "mae", "classify") for v in ("baseline", "dchag")}
     for r in rows:
-        assert float(r["loss_last"]) < 0.7 * float(r["loss_first"]), r
+        assert float(r["loss_last"]) < 0.85 * float(r["loss_first"]), r
         assert (tmp_path / "results" / "demo" / "train" / r["run"] / "final" / ".metadata").exists()
     # Rerunning does nothing: results are up to date.
-    again = snakemake(tmp_path, "-n")
+    again = snakemake(tmp_path, "-n", configfile=demo)
     assert "Nothing to be done" in again.stdout + again.stderr
     check_evaluation(tmp_path / "results" / "demo")
     # `snakemake figures` redraws every figure from the results, training nothing.
-    redraw = snakemake(tmp_path, "figures", "-n", "--quiet", "rules", "--forcerun", *FIGURE_RULES)
+    redraw = snakemake(tmp_path, "figures", "-n", "--quiet", "rules", "--forcerun", *FIGURE_RULES, configfile=demo)
     assert redraw.returncode == 0, redraw.stderr
     import re
 
@@ -96,15 +101,15 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     assert planned == set(FIGURE_RULES), planned
     # The report: self-contained, every figure present when opened in a headless browser.
     report = tmp_path / "report.html"
-    made = snakemake(tmp_path, "--report", str(report))
+    made = snakemake(tmp_path, "--report", str(report), configfile=demo)
     assert made.returncode == 0, made.stderr[-3000:]
     check_report_in_browser(report, [Path(f).name for f in FIGURES_PNG])
     # The verification experiment, demo-sized (a named target, not part of `all`).
     extra = tmp_path / "verify.yaml"
     extra.write_text("verify:\n  steps: 8\n")
-    missing = snakemake(tmp_path, "verify", "-n")
+    missing = snakemake(tmp_path, "verify", "-n", configfile=demo)
     assert missing.returncode != 0 and "needs a 'verify' section" in missing.stderr + missing.stdout
-    verify = snakemake(tmp_path, "verify", configfile=[REPO / "config" / "demo.yaml", extra])
+    verify = snakemake(tmp_path, "verify", configfile=[*demo, extra])
     assert verify.returncode == 0, verify.stderr[-3000:]
     check_verification(tmp_path / "results" / "demo")
 
