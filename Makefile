@@ -19,14 +19,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --cores $(CORES)
 
-# The test suite, exactly as CI runs it (.ci/run): two workers, one test file each at a time
-# (the end-to-end tests share no state and mostly wait on subprocesses).
+# The test suite, exactly as CI runs it (.ci/run): two pytest-xdist workers, the end-to-end
+# tests first (tests/conftest.py orders them; they share no state).
 # `make test-quick` leaves the end-to-end (integration) tests out.
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1
 
 test-quick: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile -m "not integration"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 -m "not integration"
 
 clean:
 	rm -rf results logs resources .snakemake

@@ -54,15 +54,19 @@ def era5_config(era5_files) -> dict:
     return copy.deepcopy(small_era5_config(era5_files))
 
 
-# The longest end-to-end tests first: under pytest-xdist (make test: -n 2 --dist loadfile)
-# a file is scheduled where its first test falls, so the two longest start at once on the two
-# workers (the Slurm one mostly waits on job states) and the short ones fill in around them.
-FIRST = ["test_workflow.py", "test_slurm.py", "test_gpu_check.py", "test_configs.py", "test_train.py"]
+# The longest end-to-end tests first: `make test` runs two pytest-xdist workers with
+# `--dist load --maxschedchunk 1`, which hands tests out one at a time in collection order, so
+# the demo pipeline and the Slurm cluster (which mostly waits on job states) start at once on
+# the two workers and the short tests fill in around them. (`--dist loadfile` orders files by
+# their number of tests, which started the one-test end-to-end files last.)
+LONGEST = ["test_demo_pipeline_produces_normalised_stores", "test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job",
+           "test_gpu_check_rehearses_on_the_cpu", "test_a_users_own_one_dataset_config_runs_through_training_and_scoring",
+           "test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group"]
 
 
 def pytest_collection_modifyitems(config, items):
     def rank(item):
-        name = item.path.name
-        return (FIRST.index(name) if name in FIRST else len(FIRST), 0 if item.get_closest_marker("integration") else 1)
+        name = item.originalname if hasattr(item, "originalname") else item.name
+        return LONGEST.index(name) if name in LONGEST else len(LONGEST)
 
-    items.sort(key=rank)  # stable: the order inside a file is kept
+    items.sort(key=rank)  # stable: every other test keeps its place
