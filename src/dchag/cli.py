@@ -169,20 +169,23 @@ def cmd_preprocess_hsi(args) -> None:
                          seed=args.seed, config=provenance_cfg)
 
 
-def _stores(args, config: dict, run: str) -> dict[str, str]:
-    """The run's train/val stores: as given, else where the pipeline puts them (results/<name>)."""
-    from .config import run_settings
-    from .train.tasks import default_stores
+def _stores(args, config: dict, task: str) -> dict[str, str]:
+    """The run's train/val stores: as given, else where the pipeline puts them (results/<name>);
+    a hyperspectral store holds both groups, so its val store defaults to the training store."""
+    from .plan import default_stores
 
-    default = default_stores(config, run_settings(config, run).task)
-    return {"train": args.train_data or str(default["train"]), "val": args.val_data or args.train_data or str(default["val"])}
+    default = default_stores(config, task)
+    train = args.train_data or str(default["train"])
+    return {"train": train, "val": args.val_data or (str(default["val"]) if task == "forecast" else train)}
 
 
 def cmd_train(args) -> None:
     from .train.trainer import main as train_main
 
+    from .config import run_settings
+
     config = _config(args)
-    train_main(config, args.run, args.output, _stores(args, config, args.run))
+    train_main(config, args.run, args.output, _stores(args, config, run_settings(config, args.run).task))
 
 
 def cmd_launch_train(args) -> None:
@@ -190,8 +193,8 @@ def cmd_launch_train(args) -> None:
     from .train.launch import launch
 
     config = _config(args)
-    train = run_settings(config, args.run).train  # an unknown run fails here, not in every rank
-    stores = _stores(args, config, args.run)
+    run = run_settings(config, args.run)  # an unknown run fails here, not in every rank
+    train, stores = run.train, _stores(args, config, run.task)
     launch(args.nproc or train.nproc, train.max_restarts if args.max_restarts is None else args.max_restarts,
            ["--config", args.config, "--run-name", args.run, "--output", args.output, "--train-data", stores["train"],
             "--val-data", stores["val"]], args.threads_per_rank)
@@ -386,8 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     def train_data_args(sp):
         sp.add_argument("--train-data", help="training store (default: the task's store under results/<name>: "
                         "era5/train.zarr, hsi/mae.zarr or hsi/classification.zarr)")
-        sp.add_argument("--val-data", help="validation store (default: era5/val.zarr beside it; for hyperspectral "
-                        "tasks the training store, whose val group is read)")
+        sp.add_argument("--val-data", help="validation store (default: era5/val.zarr under results/<name>; for "
+                        "hyperspectral tasks the training store, whose val group is read)")
 
     sp = add("demo-era5", cmd_demo_era5, "write the synthetic ERA5-layout demo inputs (netCDF, labelled synthetic)")
     config_arg(sp)

@@ -15,6 +15,18 @@ from pathlib import Path
 from .config import ConfigError, Settings, TrainSettings, run_settings
 
 BASELINE_FORECASTS = ("persistence", "climatology")
+# Where each task's stores are under a data root (results/<name> in the pipeline).
+DEFAULT_STORES = {
+    "forecast": {"train": "era5/train.zarr", "val": "era5/val.zarr"},
+    "mae": {"train": "hsi/mae.zarr", "val": "hsi/mae.zarr"},
+    "classify": {"train": "hsi/classification.zarr", "val": "hsi/classification.zarr"},
+}
+
+
+def default_stores(config: dict, task: str, data_root: str | Path | None = None) -> dict[str, Path]:
+    """The task's train/val stores under ``data_root`` (default results/<name>)."""
+    root = Path(data_root) if data_root else Path("results") / config["name"]
+    return {split: root / rel for split, rel in DEFAULT_STORES[task].items()}
 
 
 def verify_runs(s: Settings) -> dict[str, dict]:

@@ -123,13 +123,8 @@ def verify_inputs(wildcards):
 
 def run_stores(run):
     """The stores a run trains on: train and val."""
-    if ALL_RUNS[run]["task"] == "forecast":
-        return {
-            "train": f"{RESULTS}/era5/train.zarr",
-            "val": f"{RESULTS}/era5/val.zarr",
-        }
-    store = f"{RESULTS}/hsi/{'mae' if ALL_RUNS[run]['task'] == 'mae' else 'classification'}.zarr"
-    return {"train": store, "val": store}
+    stores = plan.default_stores(config, ALL_RUNS[run]["task"], RESULTS)
+    return {split: str(path) for split, path in stores.items()}
 
 
 def train_inputs(wildcards):

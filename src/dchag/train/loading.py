@@ -12,7 +12,8 @@ from pathlib import Path
 from ..config import ConfigError, RunSettings, run_settings
 from ..model import ChannelViT
 from . import checkpoint as ckpt
-from .tasks import Task, build_task, default_stores
+from ..plan import default_stores
+from .tasks import Task, build_task
 
 
 def load_trained(config: dict, run: str, checkpoint: str | Path, task: str,

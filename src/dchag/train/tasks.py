@@ -22,20 +22,6 @@ from ..model import ModelConfig, random_masking
 from ..model.build import model_config
 from .data import ForecastDataset, SampleDataset, open_array, store_info
 
-# Where each task's stores are under a data root (results/<name> in the pipeline).
-DEFAULT_STORES = {
-    "forecast": {"train": "era5/train.zarr", "val": "era5/val.zarr"},
-    "mae": {"train": "hsi/mae.zarr", "val": "hsi/mae.zarr"},
-    "classify": {"train": "hsi/classification.zarr", "val": "hsi/classification.zarr"},
-}
-
-
-def default_stores(config: dict, task: str, data_root: str | Path | None = None) -> dict[str, Path]:
-    """The task's stores under ``data_root`` (default results/<name>)."""
-    root = Path(data_root) if data_root else Path("results") / config["name"]
-    return {split: root / rel for split, rel in DEFAULT_STORES[task].items()}
-
-
 def era5_model_config(cfg: Settings, in_channels: int | None = None, img_size: tuple[int, int] | None = None) -> ModelConfig:
     """The forecasting model of a config with an ``era5`` section: its channels and grid unless
     given (the cost model and describe-model count other channel numbers and image sizes)."""

@@ -36,7 +36,8 @@ from .data import DataError, ResumableSampler
 from .memory import step_peak
 from .metrics import CommTimer, MetricsLogger, StepTimes, gather_rank_values
 from .step import TrainStep, param_groups
-from .tasks import build_task, default_stores
+from ..plan import default_stores
+from .tasks import build_task
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
