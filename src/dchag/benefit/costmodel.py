@@ -14,8 +14,9 @@ channel aggregation (cross-attention; -L / -C partial aggregation under D-CHAG),
   with benefit/trace.py; tests/test_benefit.py re-counts them at other sizes;
 * communication: the collectives each strategy issues (hardware.py's α-β model), split into
   intra-node and inter-node time;
-* memory: parameters, gradients and Adam state (16 bytes per parameter: 2 bf16 weights,
-  2 bf16 gradients, 4 fp32 master, 8 fp32 moments; 16 for fp32 training as well), plus
+* memory: parameters, gradients and Adam state (``state_bytes`` per parameter, 16 by default:
+  4 fp32 weights, 4 fp32 gradients, 8 fp32 moments; the paper's FSDP mixed precision adds the
+  bf16 copies, 20: costmodel.PAPER), plus
   activations: the front end's per-channel token copies (``front_activations``), the ViT
   keeps its block inputs (activation checkpointing) plus one block's working set
   (Korthikanti et al.: s·b·h·(34 + 5·a·s/h) bytes at 16 bit, divided by the TP size).
@@ -73,15 +74,15 @@ def compute_seconds(parts: list[Work], c: Compute | float) -> float:
 # benefit/trace.py: (matmul bytes, other bytes, operators, views).
 TOKENIZER = (2.8, 3.05, 14, 25)
 LINEAR = {0: (3.0, 0.0, 8, 15), "tree": (3.1, 3.1, 15, 28)}
-QUERY = (18.0, 10.0, 25, 76)
+QUERY = (18.0, 17.0, 20, 52)
 # A ViT block: (matmul bytes replicated, split by TP), (other bytes replicated, split), ops, views.
-BLOCK = ((25.0, 50.0), (14.0, 44.0), 40, 98)
+BLOCK = ((21.1, 42.1), (15.0, 47.3), 35, 79)
 WEIGHT_PASSES = 3  # a linear layer's fp32 weight is read forward and backward, its gradient written
 HEAD = (0.0, 20.0, 50, 50)  # lead-time and position embedding, head, un-patching, loss
 ADAM_BYTES_PER_PARAM = 84  # fp32 AdamW, one tensor at a time (torch's for-loop implementation on the CPU)
 ADAM_OPS_PER_TENSOR = 10
-BLOCK_TENSORS, BLOCK_TP_TENSORS, BLOCK_TP_LINEARS = 16, 12, 6
-QUERY_TENSORS, QUERY_TP_TENSORS, QUERY_TP_LINEARS = 9, 8, 4
+BLOCK_TENSORS, BLOCK_TP_TENSORS, BLOCK_TP_LINEARS = 14, 10, 5
+QUERY_TENSORS, QUERY_TP_TENSORS, QUERY_TP_LINEARS = 7, 6, 3
 
 
 @dataclass
@@ -105,6 +106,7 @@ class Workload:
     cross_replicated: float = 1.0  # of those, not split by TP in the baseline (the re-laid-out context)
     baseline_cross_copies: float | None = None  # the baseline's aggregation, when implemented differently
     runtime_overhead: float = 0.0  # bytes: CUDA context, allocator cache, workspaces
+    state_bytes: float = BYTES_PER_PARAM_STATE  # per parameter: weights, gradients, optimizer state
 
     # -- parameters -------------------------------------------------------------------------
     def backbone_params(self) -> float:
@@ -258,8 +260,13 @@ class Workload:
 # bf16) -> 3.0 U per channel and a 2.13 GiB fixed overhead; its baseline aggregation adds
 # 8.23 GB for 1024 channels (0.51 U per channel); its -C partial aggregation holds 5.1 U per
 # channel more than -L (1.7B, 1024 channels, TP 8: 24.14 - 13.96 GB).
+# Its parameters cost 20 bytes each, not 16: it trains under FSDP with a bf16 mixed-precision
+# policy, which keeps the fp32 (flat) parameter and its fp32 gradient — 4 + 4 — and AdamW's two
+# fp32 moments — 8 — and, in forward and backward, the bf16 copy of the parameter and its bf16
+# gradient — 2 + 2. (16 counted the bf16 copies beside the fp32 master and moments but not the
+# fp32 gradient; it left the D-CHAG rows 15-20 % short, the more so the more parameters per GPU.)
 PAPER = {"token_copies": 3.0, "cross_copies": 5.1, "baseline_cross_copies": 0.51, "cross_replicated": 5.1,
-         "runtime_overhead": 2.13 * 2**30}
+         "runtime_overhead": 2.13 * 2**30, "state_bytes": 20.0}
 
 
 @dataclass
@@ -311,7 +318,7 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
         # rotation: the idle groups' tokenizer gradients are zero and not reduced
         reduced = params - (w.front_params(c, agg, groups) - w.front_params(front_channels, agg, groups)) if strategy == "rotation" else params
         act = w.front_activations(front_channels, agg, groups) + w.backbone_activations(1)
-        state = params * BYTES_PER_PARAM_STATE
+        state = params * w.state_bytes
         note = ""
         if strategy == "rotation":
             note = f"trains {w.rotation_fraction:.0%} of the channel groups per step"
@@ -324,7 +331,7 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
             rs = hwm.all_gather(params * grad_bytes, gpus, hw, g)
             ag = hwm.all_gather(params * 2, gpus, hw, g)
             intra, inter = rs[0] + 2 * ag[0], rs[1] + 2 * ag[1]  # weights gathered for forward and backward
-            state = params * BYTES_PER_PARAM_STATE / gpus + 2 * w.backbone_params() / w.depth * 2  # + one block whole
+            state = params * w.state_bytes / gpus + 2 * w.backbone_params() / w.depth * 2  # + one block whole
         elif strategy == "compress-fp16":
             intra, inter = dp_allreduce(reduced, gpus, g, 2.0)
         elif strategy == "compress-int8-ef":
@@ -362,7 +369,7 @@ def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: 
         if strategy != "tp":
             act += 2 * t * u  # the gathered group tokens and their gradient
         return Prediction(strategy, t, compute_seconds(work, rate), intra, inter,
-                          params * BYTES_PER_PARAM_STATE + act + w.runtime_overhead)
+                          params * w.state_bytes + act + w.runtime_overhead)
     raise ConfigError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
 
 

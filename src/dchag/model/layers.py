@@ -1,8 +1,9 @@
 """Building blocks of the channel-aggregating ViT, each written for one device.
 
-Tensor parallelism is applied to these from outside (``dchag.parallel``): attention uses
-separate q/k/v projections and a head count read from the projected width, so a
-column-parallel q/k/v and a row-parallel output projection give each rank its own heads.
+Tensor parallelism is applied to these from outside (``dchag.parallel``): attention uses a
+query projection and a fused key/value projection laid out head by head, with a head count
+read from the projected width, so column-parallel q and k/v and a row-parallel output
+projection give each rank its own heads.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class ChannelTokenizer(nn.Module):
 class CrossAttention(nn.Module):
     """Multi-head attention of ``query`` tokens over ``context`` tokens (no norm, no residual).
 
-    Heads are inferred from the projected width, so under tensor parallelism (q/k/v
+    Heads are inferred from the projected width, so under tensor parallelism (q and k/v
     column-parallel, ``proj`` row-parallel) each rank runs its own heads unchanged.
     """
 
@@ -108,8 +109,11 @@ class CrossAttention(nn.Module):
             raise ModelError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.head_dim = dim // num_heads
         self.wq = nn.Linear(dim, dim)
-        self.wk = nn.Linear(dim, dim)
-        self.wv = nn.Linear(dim, dim)
+        # Keys and values in one projection, rows ordered head by head ([k_0; v_0; k_1; v_1; ...],
+        # Megatron's fused layout): column-parallel splitting gives each rank its heads' keys and
+        # values, and the context's gradient comes out of one matmul — one context-sized tensor,
+        # not two summed (the peak of the channel aggregation's backward).
+        self.wkv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
@@ -117,8 +121,7 @@ class CrossAttention(nn.Module):
         n, q_len, _ = query.shape
         s_len = context.shape[1]
         q = self.wq(query).reshape(n, q_len, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(context).reshape(n, s_len, -1, self.head_dim).transpose(1, 2)
-        v = self.wv(context).reshape(n, s_len, -1, self.head_dim).transpose(1, 2)
+        k, v = self.wkv(context).reshape(n, s_len, -1, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(n, q_len, -1))
 

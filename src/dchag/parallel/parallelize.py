@@ -35,15 +35,14 @@ STRATEGIES = ("baseline", "dchag")
 
 
 def _attention_plan(prepare_at: str, projections_at: str, inputs: int) -> dict:
-    """q/k/v column-parallel, output projection row-parallel. The inputs of ``prepare_at``
+    """q and the fused k/v column-parallel, output projection row-parallel. The inputs of ``prepare_at``
     become replicated DTensors once, so their gradient is all-reduced once (at that module's
     boundary), not once per projection."""
     layouts = tuple(Replicate() for _ in range(inputs))
     return {
         prepare_at: PrepareModuleInput(input_layouts=layouts, desired_input_layouts=layouts, use_local_output=False),
         f"{projections_at}.wq": ColwiseParallel(),
-        f"{projections_at}.wk": ColwiseParallel(),
-        f"{projections_at}.wv": ColwiseParallel(),
+        f"{projections_at}.wkv": ColwiseParallel(),  # keys and values of the rank's heads (fused, head by head)
         f"{projections_at}.proj": RowwiseParallel(),
     }
 
