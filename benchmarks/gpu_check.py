@@ -38,7 +38,7 @@ SIZES = {  # the benchmark's model: paper-like on a GPU (DCHAG.md §4: 128 x 256
     "paper": dict(width=1024, depth=8, heads=16, img=(128, 256), patch=4, batch=2, channels=[256, 512, 1024], steps=5),
     "tiny": dict(width=32, depth=1, heads=4, img=(32, 64), patch=4, batch=2, channels=[8, 16], steps=2),
 }
-VARIANTS = [("baseline", "baseline"), ("D-CHAG-L", "linear"), ("D-CHAG-C", "cross")]
+VARIANTS = [("baseline", "baseline"), ("D-CHAG-L", "dchag-l"), ("D-CHAG-C", "dchag-c")]
 
 
 def _bin(name: str) -> str:
@@ -179,58 +179,27 @@ def part_calibrate(work: Path) -> dict:
 
 # -- 4. the T = 1 benchmark -----------------------------------------------------------------
 def part_bench(size: str) -> None:
+    """Each variant measured as a paper sweep point (dchag.paper.bench: the same measurement
+    the `paper` target makes), on one device."""
     import torch.distributed as dist
-    from torch.utils.flop_counter import FlopCounterMode
 
-    from dchag.model import ChannelViT, ModelConfig
+    from dchag.paper.bench import measure
+    from dchag.paper.sweep import Point
     from dchag.parallel import init_distributed
-    from dchag.parallel.parallelize import autocast
-    from dchag.train.memory import step_peak
 
-    backend, device = init_distributed()
+    init_distributed()
     s = SIZES[size]
-    precision = "bf16" if device.type == "cuda" else "fp32"
     for channels in s["channels"]:
-        for label, aggregation in VARIANTS:
-            cfg = ModelConfig(in_channels=channels, img_size=tuple(s["img"]), patch_size=s["patch"], embed_dim=s["width"],
-                              depth=s["depth"], num_heads=s["heads"], aggregation=aggregation, groups=1, task="forecast",
-                              out_channels=[0, 1, 2])
-            torch.manual_seed(0)
-            model = ChannelViT(cfg).to(device)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            x = torch.randn(s["batch"], channels, *s["img"], device=device)
-            lead = torch.full((s["batch"],), 24.0, device=device)
-            y = torch.randn(s["batch"], 3, *s["img"], device=device)
-
-            def step():
-                with autocast(device, precision):
-                    loss = ((model(x, lead) - y) ** 2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            with autocast(device, precision), FlopCounterMode(display=False) as flops:
-                model(x, lead)  # forward only: its graph is dropped unused
-            forward_flops = flops.get_total_flops()
-            step()  # warm-up (and optimizer state)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            with step_peak(device, model, opt) as mem:
-                step()
-            reserved = torch.cuda.max_memory_reserved() / 2**20 if device.type == "cuda" else float("nan")
-            t0 = time.perf_counter()
-            for _ in range(s["steps"]):
-                step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            step_s = (time.perf_counter() - t0) / s["steps"]
-            print(json.dumps({"variant": label, "channels": channels, "precision": precision, "step_s": step_s,
-                              "samples_per_s": s["batch"] / step_s, "forward_flops": forward_flops,
-                              "tflops_per_gpu": 3 * forward_flops / step_s / 1e12, "max_memory_reserved_mib": reserved,
-                              "peak_allocated_mib": mem["total"]}), flush=True)
-            del model, opt
-            if device.type == "cuda":
+        for label, variant in VARIANTS:
+            p = Point(s["width"], s["depth"], s["heads"], channels, tuple(s["img"]), s["patch"], s["batch"], "auto", 1, 1, variant,
+                      0, False)
+            r = measure(p, s["steps"], warmup=1)
+            print(json.dumps({"variant": label, "channels": channels, "precision": r["precision_run"], "step_s": r["step_s"],
+                              "samples_per_s": p.batch / r["step_s"], "forward_flops": r["forward_flops"],
+                              "tflops_per_gpu": r["tflops_per_gpu"],
+                              "max_memory_reserved_mib": r["memory_mib_rank0"] if torch.cuda.is_available() else float("nan"),
+                              "peak_allocated_mib": r["ranks"][0]["allocated_mib"]}), flush=True)
+            if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     dist.destroy_process_group()
 

@@ -290,8 +290,6 @@ def cmd_figure(args) -> None:
 
             raise InputError("figure forecast-maps needs --truth (the verifying fields' store)")
         figures.forecast_maps(args.inputs, args.truth, args.output, args.variables[0] if args.variables else None, args.lead_index)
-    elif kind == "memory-throughput":
-        figures.memory_throughput(args.inputs[0], args.output)
     elif kind == "hsi-reconstruction":
         figures.hsi_reconstruction(args.inputs, args.output)
     elif kind == "classification":
@@ -616,16 +614,81 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dest", help="profiles folder (default: $XDG_CONFIG_HOME/snakemake, i.e. ~/.config/snakemake)")
     sp.add_argument("--force", action="store_true", help="replace an installed profile of that name")
 
+    sp = add("paper-point", cmd_paper_point,
+             "measure one paper sweep point under torchrun (tp x dp processes): peak memory per rank, its front-end "
+             "split, step time, samples/s and TFLOPS per GPU")
+    config_arg(sp)
+    sp.add_argument("--point", required=True, help="a point name of the config's paper sweeps")
+    sp.add_argument("--output", required=True, help="result JSON")
+    sp.add_argument("--threads-per-rank", type=int, help="CPU threads of each rank (default: paper.threads_per_rank)")
+
+    sp = add("paper-figure", cmd_paper_figure,
+             "draw one of the paper's figures from this pipeline's sweep points and training runs, beside the published values")
+    sp.add_argument("kind", choices=["front_share", "tokenization", "tree", "full_models", "tp_scaling", "accuracy"])
+    sp.add_argument("inputs", nargs="*", help="point result JSONs (accuracy: comparison CSVs)")
+    sp.add_argument("--mae", nargs="*", help="accuracy: VARIANT=log.csv of the hyperspectral MAE runs")
+    sp.add_argument("--forecast", nargs="*", help="accuracy: VARIANT=log.csv of the ERA5 forecast runs")
+    sp.add_argument("--output", required=True, help=".png (a .pdf and a .csv with the caption's numbers beside it)")
+
     sp = add("figure", cmd_figure, "draw one of the paper's figures from result files (PNG, and PDF beside it)")
-    sp.add_argument("kind", choices=["loss-curves", "lead-time", "forecast-maps", "memory-throughput", "hsi-reconstruction",
-                                     "classification"])
-    sp.add_argument("inputs", nargs="+", help="log.csv files | score CSVs | forecast stores | model benchmark JSON | "
+    sp.add_argument("kind", choices=["loss-curves", "lead-time", "forecast-maps", "hsi-reconstruction", "classification"])
+    sp.add_argument("inputs", nargs="+", help="log.csv files | score CSVs | forecast stores | "
                     "reconstruction .npz | classification map .npz")
     sp.add_argument("--truth", help="forecast-maps: the truth store")
     sp.add_argument("--variables", nargs="+", help="lead-time: variables to show; forecast-maps: the variable")
     sp.add_argument("--lead-index", type=int, default=0, help="forecast-maps: which lead")
     sp.add_argument("--output", required=True, help=".png")
     return p
+
+
+def cmd_paper_point(args) -> None:
+    import json
+
+    from .paper.sweep import all_points, resources
+    from .train.launch import launch
+
+    config = _config(args)
+    paper = _paper(config, args.config)
+    points = all_points(paper)
+    if args.point not in points:
+        from .config import ConfigError
+
+        raise ConfigError(f"{args.config}: no paper sweep point named {args.point!r} (the config's points: "
+                          f"{', '.join(sorted(points)) or 'none'})")
+    point = points[args.point]
+    res = resources(point, paper["gpus_per_node"])
+    launch(res.per_node, 0, ["--point", json.dumps(point.to_dict()), "--steps", str(paper["steps"]), "--warmup",
+                             str(paper["warmup"]), "--output", args.output], args.threads_per_rank or paper["threads_per_rank"],
+           module=("dchag.paper.bench",))
+
+
+def _paper(config: dict, source: str) -> dict:
+    from .config import ConfigError, settings
+
+    paper = settings(config).paper
+    if paper is None:
+        raise ConfigError(f"{source}: has no 'paper' section (the paper's sweeps; see config/paper.yaml)")
+    return paper
+
+
+def cmd_paper_figure(args) -> None:
+    from .paper import figures
+
+    if args.kind == "accuracy":
+        def pairs(items, what):
+            out = {}
+            for item in items or []:
+                variant, _, path = item.partition("=")
+                if not path:
+                    from .store import InputError
+
+                    raise InputError(f"--{what} takes VARIANT=LOG pairs, got {item!r}")
+                out[variant] = path
+            return out
+
+        figures.accuracy(pairs(args.mae, "mae"), pairs(args.forecast, "forecast"), args.inputs, args.output)
+    else:
+        figures.DRAW[args.kind](args.inputs, args.output)
 
 
 def main(argv: list[str] | None = None) -> int:

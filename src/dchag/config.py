@@ -262,7 +262,6 @@ class EvaluateSettings:
     climax_batch_size: int | None
     inference_batch_size: int
     map_variable: str | None
-    model_benchmark: str
     compare: dict[str, str]
 
 
@@ -291,6 +290,7 @@ class Settings:
     train: TrainSettings
     evaluate: EvaluateSettings
     verify: VerifySettings | None
+    paper: dict | None  # the paper section (defaults filled); dchag.paper.sweep reads it
     raw: dict
 
 
@@ -343,6 +343,7 @@ def settings(config: dict) -> Settings:
         train=_build(TrainSettings, {"runs": {}, "rotation": None, **c["train"]}, "train"),  # optional keys
         evaluate=_build(EvaluateSettings, c["evaluate"], "evaluate"),
         verify=_build(VerifySettings, c["verify"], "verify") if "verify" in c else None,
+        paper=c.get("paper"),
         raw=config,
     )
 

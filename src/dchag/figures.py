@@ -129,6 +129,9 @@ def forecast_maps(forecasts: list[str], truth: str, output: str, variable: str |
     for path in forecasts:
         f = open_fields(path, "forecast")
         var = var or next(iter(f.data_vars))
+        if var not in f or var not in t:
+            raise InputError(f"forecast maps: variable {var!r} is not in {path} and its truth {truth} "
+                             f"(evaluate.map_variable; they hold {', '.join(map(str, f.data_vars))})")
         lead = f["prediction_timedelta"].values[lead_index]
         init = f.time.values[time_index]
         fc = f[var].sel(time=init, prediction_timedelta=lead)
@@ -151,41 +154,6 @@ def forecast_maps(forecasts: list[str], truth: str, output: str, variable: str |
             fig.colorbar(im, ax=ax, shrink=0.85)
     lead_days = rows[0][1].prediction_timedelta.values / np.timedelta64(1, "D")
     fig.suptitle(f"{var}: initialised {str(rows[0][1].time.values)[:13]}, lead {lead_days:g} days")
-    fig.tight_layout()
-    return _save(fig, output)
-
-
-# -- the model benchmark ----------------------------------------------------------------------
-def memory_throughput(benchmark: str, output: str) -> Path:
-    """Per-rank peak memory and samples/s per rank against channels, one panel per TP size, for
-    the baseline and D-CHAG-L/-C (Tree0) — the paper's memory and throughput figures, from
-    benchmarks/model_benchmark.py's JSON."""
-    if not Path(benchmark).exists():
-        raise InputError(f"model benchmark results not found: {benchmark} (run benchmarks/model_benchmark.py)")
-    data = json.loads(Path(benchmark).read_text())
-    rows = pd.DataFrame([
-        {"variant": r["variant"], "channels": r["channels"], "tp": r["tp"], "memory": r["model"]["max_rank_total"],
-         "throughput": data["meta"]["model"]["batch"] / r["model"]["step_seconds"]}
-        for r in data["rows"]
-    ])
-    variants = [v for v in ("baseline", "D-CHAG-L Tree0", "D-CHAG-C Tree0") if v in set(rows.variant)]
-    tps = sorted(rows.tp.unique())
-    fig, axes = plt.subplots(2, len(tps), figsize=(3.6 * len(tps), 6), squeeze=False, sharex=True)
-    for j, tp in enumerate(tps):
-        for k, v in enumerate(variants):
-            part = rows[(rows.tp == tp) & (rows.variant == v)].sort_values("channels")
-            c = COLORS["baseline"] if v == "baseline" else ("#d62728" if "-L" in v else "#ff7f0e")
-            axes[0][j].plot(part.channels, part.memory, "o-", color=c, label=v)
-            axes[1][j].plot(part.channels, part.throughput, "o-", color=c, label=v)
-        axes[0][j].set(title=f"TP = {tp}", ylabel="peak memory per rank (MiB)" if j == 0 else None)
-        axes[1][j].set(xlabel="channels", ylabel="samples/s per rank" if j == 0 else None)
-        for ax in axes[:, j]:
-            ax.set_xscale("log", base=2)
-            ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    meta = data["meta"]
-    fig.suptitle(f"Memory and throughput vs channels ({meta.get('machine', '')}, width {meta['model']['width']}, "
-                 f"depth {meta['model']['depth']})", fontsize=10)
     fig.tight_layout()
     return _save(fig, output)
 

@@ -106,6 +106,33 @@ def comparisons(s: Settings) -> dict[str, str]:
     return {r: baselines[0] for r in runs if r != baselines[0]}
 
 
+def paper_accuracy(s: Settings) -> dict[str, dict[str, str]]:
+    """config paper.accuracy, checked: task -> {variant: run}, every run a training run of
+    that task, and each forecast candidate compared against the accuracy baseline (its % change
+    table is the figure's)."""
+    acc = {task: dict(runs) for task, runs in ((s.paper or {}).get("accuracy") or {}).items() if runs}
+    runs = s.train.runs
+    for task, by_variant in acc.items():
+        want = {"forecast": "forecast", "mae": "mae"}[task]
+        for variant, run in by_variant.items():
+            if run not in runs:
+                raise ConfigError(f"config key 'paper.accuracy.{task}.{variant}': {run!r} is not a run of train.runs "
+                                  f"({', '.join(runs) or 'none'})")
+            if runs[run]["task"] != want:
+                raise ConfigError(f"config key 'paper.accuracy.{task}.{variant}': run {run!r} trains task "
+                                  f"{runs[run]['task']!r}, expected {want!r}")
+        if "baseline" not in by_variant:
+            raise ConfigError(f"config key 'paper.accuracy.{task}': needs a baseline run to compare with")
+    forecast = acc.get("forecast", {})
+    if forecast:
+        pairs = comparisons(s)
+        for variant, run in forecast.items():
+            if variant != "baseline" and pairs.get(run) != forecast["baseline"]:
+                raise ConfigError(f"config key 'paper.accuracy.forecast.{variant}': run {run!r} is not compared with "
+                                  f"{forecast['baseline']!r}; set evaluate.compare: {{{run}: {forecast['baseline']}}}")
+    return acc
+
+
 def run_train_settings(s: Settings, run: str) -> TrainSettings:
     """A run's train settings (top-level with its overrides): processes, nodes, GPUs."""
     raw = s.raw

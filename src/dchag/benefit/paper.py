@@ -1,40 +1,42 @@
-"""The paper's per-GPU memory (DCHAG.md section 4: Frontier MI250X, 64 GB per GCD; batch 2,
-128 x 256 image, patch 4, depth 32, bf16, peak reserved on rank 0) against the cost model.
+"""The cost model's per-GPU memory against every published memory number of the paper
+(dchag.paper.published: Frontier MI250X, 64 GB per GCD; batch 2, 128 x 256 image, patch 4,
+depth 32, bf16, peak reserved on rank 0).
 
 Five of the paper's numbers set the constants of its implementation (costmodel.PAPER): the
-front-end-only measurements (tokenization of 1024 and 128 channels, +aggregation) and the
--C minus -L difference at 1.7B / 1024 channels / TP 8. The table's other numbers are
-predictions.
+front-end-only measurements (tokenization of 1024 and of 128 channels, + aggregation) and the
+-C minus -L difference at 1.7B / 1024 channels / TP 8. Every other number is a prediction;
+TreeK is not modelled (its rows show the error of ignoring it).
 """
 
 from __future__ import annotations
 
-from .costmodel import PAPER, Workload, predict
-from .hardware import Hardware
+from ..paper import published
+from ..paper.predict import predicted_gb
+from ..paper.sweep import Point
 
-GIB = 2**30
-# (parameters label, width, channels, TP, baseline GB, D-CHAG-C GB, D-CHAG-L GB)
-TABLE = [
-    ("1.7B", 2048, 1024, 8, 61.95, 24.14, 13.96),
-    ("1.7B", 2048, 512, 2, 52.45, 52.83, 32.42),
-    ("7B", 4096, 512, 16, 61.04, 24.39, 18.28),
-    ("15B", 6144, 256, 16, 62.80, 35.49, 28.42),
-    ("26B", 8192, 128, 16, 62.73, 50.61, 43.94),
-]
-CALIBRATION_ROWS = {("1.7B", 1024, 8, "dchag-c")}  # the one table entry used to set a constant
+VARIANT = {"baseline": "baseline", "dchag-c": "D-CHAG-C", "dchag-l": "D-CHAG-L", "tokenize": "tokenization",
+           "tokenize+aggregate": "+ aggregation", "dist-tokenize": "distributed tokenization",
+           "dist-tokenize+gather-all": "distributed tokenization + AllGather of all tokens"}
+# the published numbers used to set a constant
+CALIBRATION = {("full_models", 2048, 1024, 8, "dchag-c", 0), ("tokenization", 2048, 1024, 8, "tokenize", 0),
+               ("tokenization", 2048, 1024, 8, "tokenize+aggregate", 0), ("tokenization", 2048, 1024, 8, "dist-tokenize", 0)}
 
 
-def compare() -> list[dict]:
-    hw = Hardware(alpha=1e-5, intra_bw=1e11, inter_bw=1e10, gpus_per_node=8)  # memory does not depend on these
+def compare(figures: tuple[str, ...] = ("full_models",)) -> list[dict]:
+    """One row per published memory number of ``figures`` (full_models: the 15-entry table)."""
     rows = []
-    for label, width, channels, tp, *measured in TABLE:
-        w = Workload(channels=channels, embed_dim=width, depth=32, num_heads=width // 128, tokens=(128 // 4) * (256 // 4),
-                     patch_size=4, batch=2, act_bytes=2, **PAPER)
-        for strategy, paper_gb in zip(("tp", "dchag-c", "dchag-l"), measured):
-            p = predict(w, hw, tp, 8, strategy, rate=1e14, tp=tp)
-            gb = p.memory_bytes / GIB
-            rows.append({"model": label, "width": width, "channels": channels, "tp": tp,
-                         "variant": {"tp": "baseline", "dchag-c": "D-CHAG-C", "dchag-l": "D-CHAG-L"}[strategy],
-                         "paper_gb": paper_gb, "predicted_gb": gb, "error": gb / paper_gb - 1,
-                         "calibration": (label, channels, tp, strategy) in CALIBRATION_ROWS})
+    seen = set()
+    for n in published.NUMBERS:
+        key = (n.width, n.channels, n.tp, n.variant, n.tree)
+        if n.metric != "memory_gb" or n.figure not in figures or key in seen:
+            continue
+        seen.add(key)
+        point = Point(n.width, published.FIXED["depth"], max(1, n.width // published.HEADS_PER_WIDTH), n.channels,
+                      published.FIXED["image"], published.FIXED["patch"], published.FIXED["batch"], "bf16", n.tp, 1, n.variant,
+                      n.tree, True)
+        gb = predicted_gb(point)
+        rows.append({"figure": n.figure, "model": published.WIDTH_LABEL[n.width], "width": n.width, "channels": n.channels,
+                     "tp": n.tp, "variant": VARIANT[n.variant] + (f" Tree{n.tree}" if n.tree else ""), "paper_gb": n.value,
+                     "predicted_gb": gb, "error": gb / n.value - 1,
+                     "calibration": (n.figure, n.width, n.channels, n.tp, n.variant, n.tree) in CALIBRATION})
     return rows

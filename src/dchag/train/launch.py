@@ -50,7 +50,9 @@ def slurm_head_node(env: dict) -> str:
     return expand_hostlist(nodelist)[0]
 
 
-def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[str], env: dict | None = None) -> list[str]:
+def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[str], env: dict | None = None,
+                     module: tuple[str, ...] = ("dchag", "train")) -> list[str]:
+    """torchrun running ``python -m <module...> <train_args>`` on every rank."""
     env = dict(os.environ if env is None else env)
     cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
     nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
@@ -61,7 +63,7 @@ def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[st
                 f"--rdzv-id={env['SLURM_JOB_ID']}"]
     else:
         cmd += ["--standalone"]
-    return [*cmd, "-m", "dchag", "train", *train_args]
+    return [*cmd, "-m", *module, *train_args]
 
 
 # The thread counts of the math libraries torch may use. Snakemake exports all of them as the
@@ -75,8 +77,9 @@ def rank_thread_env(env: dict, threads_per_rank: int) -> dict:
     return {**env, **{k: str(threads_per_rank) for k in THREAD_VARS}}
 
 
-def launch(nproc_per_node: int, max_restarts: int, train_args: list[str], threads_per_rank: int | None = None) -> None:
-    cmd = torchrun_command(nproc_per_node, max_restarts, train_args)
+def launch(nproc_per_node: int, max_restarts: int, train_args: list[str], threads_per_rank: int | None = None,
+           module: tuple[str, ...] = ("dchag", "train")) -> None:
+    cmd = torchrun_command(nproc_per_node, max_restarts, train_args, module=module)
     env = rank_thread_env(dict(os.environ), threads_per_rank) if threads_per_rank else dict(os.environ)
     print(" ".join(cmd[:6]), "...", f"({threads_per_rank} threads per rank)" if threads_per_rank else "", flush=True)
     if shutil.which(cmd[0], path=env.get("PATH")) is None:  # torch is installed, its script is not on PATH

@@ -1,0 +1,220 @@
+"""One sweep point measured: run under torchrun with ``tp x dp`` processes (one per GPU).
+
+    dchag paper-point --config config/paper.yaml --point NAME --output results/.../NAME.json
+
+Records, per rank, the peak memory of one step — on a GPU ``torch.cuda.max_memory_reserved``
+as the paper measures (and the allocator's peak allocated beside it), on the CPU the peak
+MemTracker follows (parameters, gradients, optimizer state, activations) — and for a whole
+model the front end's share of it (the activation peak of the tokenization + aggregation
+forward and backward alone) and the rest; the step time (slowest rank, mean of the timed
+steps), samples/s per GPU and TFLOPS per GPU as the paper computes it: 3 x forward FLOPs /
+step time, the forward FLOPs being the model's own (counted once by torch's FlopCounterMode on
+the one-device model, on the meta device) divided over the TP group's GPUs.
+
+Synthetic data (as the paper's performance runs): a random (B, C, H, W) batch, a forecast head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..model import ChannelViT, ModelConfig
+from ..parallel import ParallelDims, init_distributed, parallelize_model
+from ..parallel.parallelize import autocast
+from ..train.memory import MIB, step_peak
+from .sweep import FRONT_VARIANTS, Point
+
+OUTPUTS = 5  # forecast outputs of the synthetic head (the paper's z500, t850, t2m, u10, v10)
+
+
+def model_config(p: Point) -> ModelConfig:
+    aggregation = {"baseline": "baseline", "dchag-l": "linear", "dchag-c": "cross", "tokenize": "baseline",
+                   "tokenize+aggregate": "baseline", "dist-tokenize": "linear", "dist-tokenize+gather-all": "linear"}[p.variant]
+    return ModelConfig(in_channels=p.channels, img_size=p.image, patch_size=p.patch, embed_dim=p.width, depth=p.depth,
+                       num_heads=p.heads, aggregation=aggregation, groups=p.tp if aggregation != "baseline" else 1,
+                       tree=p.tree, task="forecast", out_channels=list(range(min(OUTPUTS, p.channels))))
+
+
+def forward_flops(p: Point) -> float:
+    """Forward FLOPs of the one-device model of this point, per sample batch (meta device:
+    shapes only, nothing allocated)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = ChannelViT(model_config(p))
+        x = torch.empty(p.batch, p.channels, *p.image)
+        lead = torch.empty(p.batch)
+    with FlopCounterMode(display=False) as counter:
+        if p.variant in FRONT_VARIANTS:
+            model.aggregate(x) if "aggregate" in p.variant else model.tokenizer(x)
+        else:
+            model(x, lead)
+    return float(counter.get_total_flops())
+
+
+def _precision(p: Point, device: torch.device) -> str:
+    if p.precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return p.precision
+
+
+def _gather_all_tokens(tokens: torch.Tensor, group) -> torch.Tensor:
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(tokens.contiguous(), group=group), dim=1)
+
+
+def measure(p: Point, steps: int, warmup: int) -> dict:
+    """Measure point ``p`` in the initialised process group (world = tp x dp)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world != p.gpus:
+        raise RuntimeError(f"point {p.name} needs {p.gpus} processes (tp x dp), {world} were started")
+    precision = _precision(p, device)
+    dims = ParallelDims(tp=p.tp, dp_mode="fsdp" if p.dp > 1 else "none", world_size=world)
+    mesh = dims.build_mesh(device.type) if world > 1 else None
+    torch.manual_seed(0)
+    model = ChannelViT(model_config(p))
+    front_only = p.variant in FRONT_VARIANTS
+    if front_only:  # the front end alone: no ViT, no head in memory
+        model.blocks = nn.ModuleList()
+    model = model.to(device)
+    strategy = "dchag" if model.cfg.aggregation != "baseline" else "baseline"
+    model = parallelize_model(model, dims, mesh, strategy=strategy, activation_checkpointing=p.activation_checkpointing,
+                              param_dtype=torch.bfloat16 if precision == "bf16" and p.dp > 1 else None)
+    core = model
+    ids = core.tokenizer.channel_ids.cpu()
+    g = torch.Generator().manual_seed(1)
+    dp_rank = mesh["dp"].get_local_rank() if mesh is not None else 0
+    # drawn on the CPU (the same numbers on any device), then moved to the training device
+    x_all = torch.randn(p.batch * p.dp, p.channels, *p.image, generator=g, device="cpu")[dp_rank * p.batch:(dp_rank + 1) * p.batch]
+    x = x_all[:, ids].to(device)
+    lead = torch.full((p.batch,), 24.0, device=device)
+    target = torch.randn(p.batch, len(core.cfg.out_channels), *p.image, generator=g, device="cpu").to(device)
+    tp_group = mesh["tp"].get_group() if mesh is not None else None
+    opt = None if front_only else torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    # The front end's output summed: its gradient is ones, so no loss-sized temporaries are
+    # added to what the front end itself holds.
+    def front_loss():
+        if p.variant == "tokenize" or p.variant == "dist-tokenize":
+            return core.tokenizer(x).sum()
+        if p.variant == "dist-tokenize+gather-all":
+            tokens = core.tokenizer(x)
+            if tp_group is not None:
+                tokens = _gather_all_tokens(tokens, tp_group)
+            return tokens.sum()
+        return core.aggregate(x).sum()
+
+    def step():
+        with autocast(device, precision):
+            loss = front_loss() if front_only else ((model(x, lead) - target).float() ** 2).mean()
+        loss.backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
+
+    def front_step():
+        with autocast(device, precision):
+            loss = core.aggregate(x).sum()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    tracked = [model, opt] if opt is not None else [model]
+    result = {"point": p.to_dict(), "name": p.name, "precision_run": precision, "world": world}
+    # the front end's activation peak (its forward and backward alone; not under FSDP, whose
+    # root unshards the front end's parameters only in the whole model's forward), then the step
+    split = not front_only and p.dp == 1
+    if split:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            resident = torch.cuda.memory_allocated()
+        with step_peak(device, *tracked) as fmem:
+            front_step()
+        front = fmem["total"] - resident / MIB if device.type == "cuda" else fmem["activations"]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    with step_peak(device, *tracked) as mem:
+        step()
+    peak = torch.cuda.max_memory_reserved() / MIB if device.type == "cuda" else mem["total"]
+    per_rank = {"memory_mib": peak, "allocated_mib": mem["total"]}
+    if device.type != "cuda":
+        per_rank.update({k: mem[k] for k in ("parameters", "gradients", "optimizer", "activations")})
+    if split:
+        per_rank.update(front_mib=front, rest_mib=peak - front)
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = torch.tensor((time.perf_counter() - t0) / steps, device=device, dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    # every rank's numbers, on the training device (NCCL takes no CPU tensors)
+    keys = sorted(per_rank)
+    mine = torch.tensor([float(per_rank[k]) for k in keys], device=device, dtype=torch.float64)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    ranks = [dict(zip(keys, t.tolist())) for t in everyone]
+    step_s = float(elapsed)
+    flops = forward_flops(p)
+    result.update({
+        "ranks": ranks,
+        "memory_mib_rank0": ranks[0]["memory_mib"],
+        "memory_mib_max": max(r["memory_mib"] for r in ranks),
+        "step_s": step_s,
+        "samples_per_s_per_gpu": p.batch * p.dp / step_s / p.gpus,
+        "forward_flops": flops,
+        "tflops_per_gpu": 3 * flops / step_s / p.tp / 1e12,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+        else f"CPU ({platform.machine()}, {os.cpu_count()} cores, gloo)",
+        "memory_measure": "torch.cuda.max_memory_reserved" if device.type == "cuda" else "MemTracker peak (CPU)",
+        "torch": torch.__version__,
+        "steps": steps,
+        "warmup": warmup,
+    })
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="one paper sweep point (run under torchrun)")
+    ap.add_argument("--point", required=True, help="the point as JSON (sweep.Point.to_dict)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--output", required=True)
+    args = ap.parse_args(argv)
+    point = Point.from_dict(json.loads(args.point))
+    init_distributed()
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and not torch.cuda.is_available():
+        torch.set_num_threads(int(threads))
+    result = measure(point, args.steps, args.warmup)
+    if dist.get_rank() == 0:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".json.partial")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(out)  # never a complete-looking file from a failed run
+        print(f"{point.name}: {result['memory_mib_rank0']:.1f} MiB on rank 0 (max {result['memory_mib_max']:.1f}), "
+              f"{result['step_s']:.4f} s/step, {result['tflops_per_gpu']:.4f} TFLOPS/GPU", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""The paper's figures, redrawn from this pipeline's own runs, each beside the published values.
+
+Every memory/throughput figure has three panels side by side: the published value (Frontier,
+the paper's scale), the cost model's prediction at the paper's scale, and this run's
+measurement (on the hardware that ran it, named in the panel, at the run's own scale). The
+figure's caption line (drawn under it, and written as ``<figure>.csv`` beside it) names the
+paper figure, the setting run and how far the run is from the published values: where the run
+was at the paper's scale, the relative difference of each number; where it was scaled down,
+the difference of the scale-free ratios the figure is about (D-CHAG over baseline, a variant
+over its reference, the front end's share).
+
+Inputs are the points' JSON files (dchag.paper.bench) and, for accuracy parity, training logs
+and comparison tables: nothing is read from a committed results file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ..figures import _read_csv, _save
+from ..store import InputError, atomic_path
+from . import published
+from .predict import predicted_gb
+from .sweep import Point
+
+LABEL = {"baseline": "baseline", "dchag-l": "D-CHAG-L", "dchag-c": "D-CHAG-C", "tokenize": "baseline tokenization",
+         "tokenize+aggregate": "+ aggregation", "dist-tokenize": "distributed tokenization",
+         "dist-tokenize+gather-all": "distributed tok. + AllGather of all tokens"}
+COLOR = {"baseline": "#1f77b4", "dchag-l": "#d62728", "dchag-c": "#ff7f0e", "tokenize": "#1f77b4", "tokenize+aggregate": "#17becf",
+         "dist-tokenize": "#d62728", "dist-tokenize+gather-all": "#9467bd"}
+PAPER_FIGURE = {
+    "front_share": "the paper's front-end memory breakdown of the baseline (tokenization, + aggregation, rest)",
+    "tokenization": "the paper's tokenization-strategy comparison (1.7B, 1024 channels, TP 8), with the all-token AllGather ablation",
+    "tree": "the paper's TreeK memory figure (1.7B, 1024 channels, TP 8; Tree0/2/4/8)",
+    "full_models": "the paper's full-model memory and TFLOPS/GPU table (1.7B-26B, baseline vs D-CHAG-C/-L)",
+    "tp_scaling": "the paper's scaling in TP for a fixed model",
+}
+
+
+class Run:
+    """One measured point (bench.py's JSON)."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if not path.exists():
+            raise InputError(f"paper point result not found: {path} (run `snakemake paper`)")
+        self.data = json.loads(path.read_text())
+        self.point = Point.from_dict(self.data["point"])
+        self.device = self.data["device"]
+        self.on_gpu = self.data["memory_measure"].startswith("torch.cuda")
+
+    def memory(self) -> float:
+        """Rank 0's peak (as the paper), GB (2^30 bytes)."""
+        return self.data["memory_mib_rank0"] / 1024
+
+    @property
+    def at_paper_scale(self) -> bool:
+        return self.point.stands_for is None and self.on_gpu
+
+
+def load(paths: list[str]) -> list[Run]:
+    if not paths:
+        raise InputError("no paper point results given")
+    return [Run(p) for p in paths]
+
+
+def _setting(width: int, channels: int, tp: int) -> str:
+    return f"{published.WIDTH_LABEL.get(width, f'w{width}')}, {channels} ch, TP{tp}"
+
+
+def _run_setting(p: Point) -> str:
+    return f"w{p.width} d{p.depth}, {p.channels} ch, TP{p.tp}" + (f" x DP{p.dp}" if p.dp > 1 else "")
+
+
+def _unit(runs: list[Run]) -> tuple[str, float]:
+    """Axis unit of the measured panel: GB on a GPU, MiB on the CPU (scaled-down runs)."""
+    return ("GB", 1.0) if all(r.on_gpu for r in runs) else ("MiB", 1024.0)
+
+
+def _bars(ax, groups: list[str], series: list[str], value, title: str, ylabel: str) -> None:
+    """Grouped bars: ``value(group, series)`` -> number or None (no bar)."""
+    width = 0.8 / max(1, len(series))
+    for j, s in enumerate(series):
+        xs, ys = [], []
+        for i, g in enumerate(groups):
+            v = value(g, s)
+            if v is not None and np.isfinite(v):
+                xs.append(i + (j - (len(series) - 1) / 2) * width)
+                ys.append(v)
+        ax.bar(xs, ys, width, color=COLOR.get(s, f"C{j}"), label=LABEL.get(s, s))
+        for x, y in zip(xs, ys):
+            ax.text(x, y, f"{y:.3g}", ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(groups)), groups, fontsize=7, rotation=20, ha="right")
+    ax.set(title=title, ylabel=ylabel)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def _caption(fig, figure: str, runs: list[Run], deviation: list[str]) -> str:
+    devices = sorted({r.device for r in runs})
+    settings = sorted({_run_setting(r.point) for r in runs})
+    text = (f"Reproduces {PAPER_FIGURE[figure]}. Run: {'; '.join(settings)} on {', '.join(devices)}"
+            f" ({'paper scale' if all(r.at_paper_scale for r in runs) else 'scaled down: compare shapes and ratios'}). "
+            f"Published: {published.HARDWARE}. Prediction: dchag's cost model at the paper's scale. "
+            + ("From published: " + "; ".join(deviation) if deviation else "No published value at these settings."))
+    import textwrap
+
+    fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 180)), ha="left", va="top", fontsize=7)
+    return text
+
+
+def _write_table(rows: list[dict], output: str | Path, caption: str) -> None:
+    path = Path(output).with_suffix(".csv")
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            f.write(f"# {caption}\n")
+            pd.DataFrame(rows).to_csv(f, index=False)
+
+
+def _row(figure: str, r: Run | None, p: Point, metric: str, measured: float | None, published_value: float | None,
+         predicted: float | None, unit: str) -> dict:
+    return {"figure": figure, "point": p.name, "paper_setting": _setting(*p.paper_setting), "variant": p.variant, "tree": p.tree,
+            "metric": metric, "published": published_value, "predicted": predicted,
+            "prediction_error": (predicted / published_value - 1) if predicted is not None and published_value else None,
+            "measured": measured, "measured_unit": unit, "device": r.device if r else None}
+
+
+def _ratio_deviation(name: str, measured: float, pub: float) -> str:
+    return f"{name} {measured:.2f} here vs {pub:.2f} published ({(measured - pub) * 100:+.0f} points)"
+
+
+# -- the memory figures ----------------------------------------------------------------------
+TITLE = {"front_share": "Front-end share of the baseline's memory", "tokenization": "Tokenization strategies: peak memory per GPU",
+         "tree": "TreeK: peak memory per GPU", "full_models": "Full models at fixed TP: memory and throughput per GPU",
+         "tp_scaling": "Scaling in TP for a fixed model"}
+
+
+def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[str], reference) -> tuple[list, list]:
+    """Three panels of grouped bars (published, predicted, measured); ``groups_of(point)``
+    names a point's x group at its paper setting; ``reference(point, key)`` the (group, series)
+    a scale-free ratio is taken against. Returns the table rows and the deviation phrases."""
+    unit, scale = _unit(runs)
+    by_paper: dict[tuple[str, str], Point] = {}
+    by_run: dict[tuple[str, str], Run] = {}
+    for r in runs:
+        key = (groups_of(r.point), r.point.variant)
+        by_paper[key], by_run[key] = r.point, r
+    groups = list(dict.fromkeys(g for g, _ in by_paper))
+    pub = {k: published.lookup(figure, *p.paper_setting, p.variant, p.tree) for k, p in by_paper.items()}
+    pred = {k: predicted_gb(p) for k, p in by_paper.items()}
+    meas = {k: r.memory() * scale for k, r in by_run.items()}
+    _bars(axes[0], groups, series, lambda g, s: pub.get((g, s)), f"published ({published.HARDWARE.split(' (')[0]})",
+          "peak memory per GPU, GB")
+    if not any(v is not None for v in pub.values()):
+        axes[0].text(0.5, 0.5, "no published value\nat these settings", ha="center", va="center", transform=axes[0].transAxes)
+    _bars(axes[1], groups, series, lambda g, s: pred.get((g, s)), "cost model, paper scale", "predicted memory per GPU, GB")
+    devices = ", ".join(sorted({r.device for r in runs}))
+    run_groups = [f"{g}\n[{_run_setting(by_run[next(k for k in by_run if k[0] == g)].point)}]" for g in groups]
+    _bars(axes[2], run_groups, series, lambda g, s: meas.get((groups[run_groups.index(g)], s)), f"this run: {devices}",
+          f"peak memory per rank, {unit}")
+    axes[0].legend(fontsize=7)
+    rows, deviation = [], []
+    for k, p in by_paper.items():
+        r = by_run[k]
+        rows.append(_row(figure, r, p, "memory", meas[k], pub[k], pred[k], unit))
+        if pub[k] is None:
+            continue
+        name = f"{LABEL.get(p.variant, p.variant)} {k[0]}"
+        deviation.append(f"prediction {name} {pred[k] / pub[k] - 1:+.0%}")
+        ref = reference(p, k)
+        if r.at_paper_scale:
+            deviation.append(f"measured {name} {meas[k] / pub[k] - 1:+.0%}")
+        elif ref is not None and ref != k and ref in meas and pub.get(ref):
+            deviation.append(_ratio_deviation(f"{LABEL.get(p.variant, p.variant)}/{LABEL.get(ref[1], ref[1])} at {ref[0]}"
+                                              + (f" vs {k[0]}" if ref[0] != k[0] else ""), meas[k] / meas[ref], pub[k] / pub[ref]))
+    return rows, deviation
+
+
+def _memory_figure(figure: str, runs: list[Run], output: str, groups_of, series: list[str], reference) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    rows, deviation = _memory_panels(axes, figure, runs, groups_of, series, reference)
+    fig.suptitle(TITLE[figure], fontsize=10)
+    caption = _caption(fig, figure, runs, deviation)
+    _write_table(rows, output, caption)
+    return _save(fig, output)
+
+
+def tokenization(paths: list[str], output: str) -> Path:
+    runs = load(paths)
+    series = [v for v in ("tokenize", "tokenize+aggregate", "dist-tokenize", "dist-tokenize+gather-all")
+              if any(r.point.variant == v for r in runs)]
+    return _memory_figure("tokenization", runs, output, lambda p: _setting(*p.paper_setting), series,
+                          lambda p, k: (k[0], "tokenize"))
+
+
+def tree(paths: list[str], output: str) -> Path:
+    runs = load(paths)
+    series = [v for v in ("dchag-l", "dchag-c") if any(r.point.variant == v for r in runs)]
+    return _memory_figure("tree", runs, output, lambda p: f"Tree{p.tree}", series, lambda p, k: ("Tree0", k[1]))
+
+
+def full_models(paths: list[str], output: str) -> Path:
+    """Memory (top row) and TFLOPS/GPU with samples/s per GPU (bottom row) for baseline, -C, -L."""
+    runs = load(paths)
+    series = [v for v in ("baseline", "dchag-c", "dchag-l") if any(r.point.variant == v for r in runs)]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 8.4))
+    rows, deviation = _memory_panels(axes[0], "full_models", runs, lambda p: _setting(*p.paper_setting), series,
+                                     lambda p, k: (k[0], "baseline"))
+    by = {(_setting(*r.point.paper_setting), r.point.variant): r for r in runs}
+    groups = list(dict.fromkeys(g for g, _ in by))
+    pub = {k: published.lookup("full_models", *r.point.paper_setting, r.point.variant, 0, "tflops") for k, r in by.items()}
+    _bars(axes[1][0], groups, series, lambda g, s: pub.get((g, s)), "published TFLOPS/GPU (3 x forward FLOPs / step time)",
+          "TFLOPS/GPU")
+    if not any(v is not None for v in pub.values()):
+        axes[1][0].text(0.5, 0.5, "no published TFLOPS\nat these settings", ha="center", va="center", transform=axes[1][0].transAxes)
+    _bars(axes[1][1], groups, series, lambda g, s: by[(g, s)].data["tflops_per_gpu"] if (g, s) in by else None,
+          "this run: TFLOPS/GPU", "TFLOPS/GPU")
+    _bars(axes[1][2], groups, series, lambda g, s: by[(g, s)].data["samples_per_s_per_gpu"] if (g, s) in by else None,
+          "this run: samples/s per GPU (like for like)", "samples/s per GPU")
+    for k, r in by.items():
+        rows.append(_row("full_models", r, r.point, "tflops", r.data["tflops_per_gpu"], pub[k], None, "TFLOPS/GPU"))
+        ref = (k[0], "baseline")
+        if pub[k] is None or k[1] == "baseline" or ref not in by or not pub.get(ref):
+            continue
+        if r.at_paper_scale:
+            deviation.append(f"TFLOPS {LABEL[k[1]]} {k[0]} {r.data['tflops_per_gpu'] / pub[k] - 1:+.0%}")
+        else:
+            deviation.append(_ratio_deviation(f"TFLOPS {LABEL[k[1]]}/baseline at {k[0]}",
+                                              r.data["tflops_per_gpu"] / by[ref].data["tflops_per_gpu"], pub[k] / pub[ref]))
+    deviation.append("TFLOPS: no prediction (the cost model's compute rates are calibrated per machine with dchag calibrate; "
+                     "none for MI250X)")
+    fig.suptitle(TITLE["full_models"], fontsize=10)
+    fig.tight_layout()
+    caption = _caption(fig, "full_models", runs, deviation)
+    _write_table(rows, output, caption)
+    return _save(fig, output)
+
+
+def tp_scaling(paths: list[str], output: str) -> Path:
+    """Memory per GPU and samples/s per GPU against TP, for a fixed model."""
+    runs = load(paths)
+    unit, scale = _unit(runs)
+    series = [v for v in ("baseline", "dchag-c", "dchag-l") if any(r.point.variant == v for r in runs)]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+    rows, deviation = [], []
+    for v in series:
+        rs = sorted((r for r in runs if r.point.variant == v), key=lambda r: r.point.tp)
+        tps = [r.point.paper_setting[2] for r in rs]
+        pub = [published.lookup("tp_scaling", *r.point.paper_setting, v, 0) for r in rs]
+        pred = [predicted_gb(r.point) for r in rs]
+        c = COLOR[v]
+        known = [(t, y) for t, y in zip(tps, pub) if y is not None]
+        if known:
+            axes[0].plot(*zip(*known), "o", color=c, label=LABEL[v])
+        axes[1].plot(tps, pred, "s--", color=c, label=LABEL[v])
+        axes[2].plot([r.point.tp for r in rs], [r.memory() * scale for r in rs], "o-", color=c, label=LABEL[v])
+        axes[3].plot([r.point.tp for r in rs], [r.data["samples_per_s_per_gpu"] for r in rs], "o-", color=c, label=LABEL[v])
+        for r, y, yp in zip(rs, pub, pred):
+            rows.append(_row("tp_scaling", r, r.point, "memory", r.memory() * scale, y, yp, unit))
+            if y is not None:
+                deviation.append(f"prediction {LABEL[v]} TP{r.point.paper_setting[2]} {yp / y - 1:+.0%}")
+                if r.at_paper_scale:
+                    deviation.append(f"measured {LABEL[v]} TP{r.point.tp} {r.memory() / y - 1:+.0%}")
+    # the scale-free shape: memory at the largest TP over memory at the smallest, per variant
+    for v in series:
+        rs = sorted((r for r in runs if r.point.variant == v), key=lambda r: r.point.tp)
+        if len(rs) > 1:
+            deviation.append(f"{LABEL[v]} memory TP{rs[-1].point.tp}/TP{rs[0].point.tp} here {rs[-1].memory() / rs[0].memory():.2f}"
+                             f" (predicted at paper scale {predicted_gb(rs[-1].point) / predicted_gb(rs[0].point):.2f})")
+    setting = {_setting(r.point.paper_setting[0], r.point.paper_setting[1], 0).rsplit(",", 1)[0] for r in runs}
+    for ax, title, ylabel in zip(axes, ("published", "cost model, paper scale", f"this run: {runs[0].device}", "this run"),
+                                 ("memory per GPU, GB", "memory per GPU, GB", f"memory per rank, {unit}", "samples/s per GPU")):
+        ax.set(title=title, xlabel="TP", ylabel=ylabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{TITLE['tp_scaling']} ({'; '.join(sorted(setting))})", fontsize=10)
+    caption = _caption(fig, "tp_scaling", runs, deviation)
+    _write_table(rows, output, caption)
+    return _save(fig, output)
+
+
+def front_share(paths: list[str], output: str) -> Path:
+    """The baseline's memory split: tokenization, + aggregation, the rest (ViT, head,
+    optimizer), as shares of the whole model's peak, per model width and channel count."""
+    runs = load(paths)
+    by = {(r.point.paper_setting, r.point.variant): r for r in runs}
+    settings = list(dict.fromkeys(s for s, v in by if v == "baseline"))
+    missing = [(s, v) for s in settings for v in ("tokenize", "tokenize+aggregate") if (s, v) not in by]
+    if missing:
+        raise InputError(f"front_share needs tokenize and tokenize+aggregate points beside each baseline point; missing: {missing}")
+
+    def shares(get) -> dict:
+        out = {}
+        for s in settings:
+            whole, tok, agg = get(s, "baseline"), get(s, "tokenize"), get(s, "tokenize+aggregate")
+            if None in (whole, tok, agg):
+                continue
+            out[s] = (tok / whole, (agg - tok) / whole, 1 - agg / whole)
+        return out
+
+    def _pub(s, v):
+        return published.lookup("front_share", *s, v)
+
+    def _pred(s, v):
+        return predicted_gb(by[(s, v)].point)
+
+    def _meas(s, v):
+        return by[(s, v)].memory()
+
+    panels = [("published", shares(_pub)), ("cost model, paper scale", shares(_pred)), (f"this run: {runs[0].device}", shares(_meas))]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
+    names = ("tokenization", "+ aggregation", "rest (ViT, head, parameters, optimizer)")
+    colors = ("#1f77b4", "#17becf", "#bbbbbb")
+    for ax, (title, data) in zip(axes, panels):
+        labels = [_setting(*s) if "run" not in title else f"{_setting(*s)}\n[{_run_setting(by[(s, 'baseline')].point)}]"
+                  for s in settings]
+        bottom = np.zeros(len(settings))
+        for j, name in enumerate(names):
+            vals = np.array([data[s][j] if s in data else np.nan for s in settings])
+            ax.bar(range(len(settings)), np.nan_to_num(vals), bottom=bottom, color=colors[j], label=name)
+            for i, v in enumerate(vals):
+                if np.isfinite(v) and v > 0.04:
+                    ax.text(i, bottom[i] + v / 2, f"{v:.0%}", ha="center", va="center", fontsize=7)
+            bottom += np.nan_to_num(vals)
+        ax.set_xticks(range(len(settings)), labels, fontsize=7, rotation=20, ha="right")
+        ax.set(title=title, ylabel="share of the baseline's peak memory", ylim=(0, 1.05))
+    axes[0].legend(fontsize=7, loc="lower left")
+    rows, deviation = [], []
+    pub_s, meas_s, pred_s = panels[0][1], panels[2][1], panels[1][1]
+    for s in settings:
+        for j, name in enumerate(names[:2]):
+            p = pub_s.get(s)
+            rows.append({"figure": "front_share", "paper_setting": _setting(*s), "part": name,
+                         "published_share": p[j] if p else None, "predicted_share": pred_s[s][j],
+                         "measured_share": meas_s[s][j], "device": by[(s, "baseline")].device})
+            if p:
+                deviation.append(_ratio_deviation(f"{name} share at {_setting(*s)}", meas_s[s][j], p[j]))
+                deviation.append(f"predicted {name} share {pred_s[s][j]:.2f}")
+    fig.suptitle(TITLE["front_share"], fontsize=10)
+    caption = _caption(fig, "front_share", runs, deviation)
+    _write_table(rows, output, caption)
+    return _save(fig, output)
+
+
+# -- accuracy parity -------------------------------------------------------------------------
+def accuracy(mae_logs: dict[str, str], forecast_logs: dict[str, str], comparisons: list[str], output: str) -> Path:
+    """Hyperspectral MAE loss (baseline vs -L, beside the paper's published curve) and the
+    ERA5 training loss (baseline, -C, -L) with the 7/14/30-day RMSE/ACC %change table."""
+    fig = plt.figure(figsize=(15, 6.5))
+    ax_pub = fig.add_axes([0.05, 0.45, 0.27, 0.47])
+    ax_mae = fig.add_axes([0.38, 0.45, 0.27, 0.47])
+    ax_era = fig.add_axes([0.71, 0.45, 0.27, 0.47])
+    ax_tab = fig.add_axes([0.05, 0.02, 0.93, 0.3])
+    for v, losses in published.MAE_LOSS.items():
+        ax_pub.plot(published.MAE_EPOCHS, losses, "o-", color=COLOR[v], label=LABEL[v])
+    ax_pub.set(title="published: hyperspectral MAE loss", xlabel="epoch", ylabel="loss", yscale="log")
+    deviation = []
+    for ax, logs, title in ((ax_mae, mae_logs, "this run: hyperspectral MAE"), (ax_era, forecast_logs, "this run: ERA5 forecast")):
+        finals = {}
+        for v, path in logs.items():
+            df = _read_csv(path, "training log")
+            ax.plot(df["step"], df["loss"], color=COLOR[v], lw=1.1, label=f"{LABEL[v]} ({Path(path).parent.name})")
+            val = df.dropna(subset=["val_loss"]) if "val_loss" in df else df.iloc[:0]
+            if len(val):
+                ax.plot(val["step"], val["val_loss"], "o--", color=COLOR[v], ms=4, lw=0.7)
+            finals[v] = float(df["loss"].tail(max(1, len(df) // 10)).mean())
+        for v in finals:
+            if v != "baseline" and "baseline" in finals:
+                deviation.append(f"{title.split(': ')[1]} final training loss {LABEL[v]}/baseline {finals[v] / finals['baseline']:.3f}")
+        ax.set(title=title, xlabel="step", ylabel="training loss (line), validation (markers)", yscale="log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    pub = published.MAE_LOSS
+    deviation.append(f"published MAE final loss D-CHAG-L/baseline {pub['dchag-l'][-1] / pub['baseline'][-1]:.3f}")
+    ax_pub.grid(alpha=0.3, which="both")
+    ax_pub.legend(fontsize=7)
+    # the %change table: every comparison (candidate vs baseline), metrics rmse and acc, 7/14/30 days
+    rows = []
+    for path in comparisons:
+        df = _read_csv(path, "comparison table")
+        cand = [c for c in df.columns if c not in ("variable", "lead_time_hours", "metric", "percent_change", "convention")]
+        for _, r in df[df.metric.isin(["rmse", "acc"])].iterrows():
+            rows.append({"comparison": Path(path).stem.removeprefix("comparison_"), "variable": r["variable"],
+                         "lead_days": int(r["lead_time_hours"]) // 24, "metric": r["metric"].upper().replace("ACC", "wACC"),
+                         "percent_change": r["percent_change"], **{c: r[c] for c in cand}})
+    table = pd.DataFrame(rows)
+    ax_tab.axis("off")
+    if len(table):
+        wide = table.pivot_table(index=["comparison", "metric"], columns=["variable", "lead_days"], values="percent_change")
+        cells = [[f"{v:+.1f}%" if np.isfinite(v) else "" for v in row] for row in wide.values]
+        t = ax_tab.table(cellText=cells, rowLabels=[f"{c} {m}" for c, m in wide.index],
+                         colLabels=[f"{var} {d}d" for var, d in wide.columns], loc="upper center", cellLoc="center")
+        t.auto_set_font_size(False)
+        t.set_fontsize(7)
+        t.scale(1, 1.3)
+        ax_tab.set_title("ERA5: % change against the baseline (RMSE, wACC) at 7/14/30 days — this run; " + published.ERA5_NOTE,
+                         fontsize=8)
+        worst = table.loc[table.percent_change.abs().idxmax()]
+        deviation.append(f"largest ERA5 |%change| {worst.percent_change:+.1f}% ({worst.comparison}, {worst.variable}, "
+                         f"{worst.metric}, {worst.lead_days} d)")
+    fig.suptitle("Accuracy parity: baseline vs D-CHAG", fontsize=10)
+    import textwrap
+
+    text = ("Reproduces the paper's accuracy-parity results: hyperspectral MAE loss (published: 1-GPU baseline vs -L on 2 GPUs, "
+            "500 bands, width 512, depth 8) and the ERA5 7/14/30-day %change table (baseline, -C, -L). Runs: "
+            + ", ".join(Path(p).parent.name for p in [*mae_logs.values(), *forecast_logs.values()]) + ". " + "; ".join(deviation))
+    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, 190)), ha="left", va="top", fontsize=7)
+    _write_table(rows or [{"note": "no comparison tables"}], output, text)
+    return _save(fig, output)
+
+
+DRAW = {"front_share": front_share, "tokenization": tokenization, "tree": tree, "full_models": full_models, "tp_scaling": tp_scaling}
