@@ -217,13 +217,6 @@ def forecast_outputs():
     return outputs_of(S.train.forecast.outputs, channel_names(ERA5))
 
 
-def model_benchmark():
-    path = Path(EVAL["model_benchmark"])
-    return str(
-        path if path.is_absolute() or path.exists() else Path(workflow.basedir) / path
-    )
-
-
 def eval_outputs():
     out = []
     if FORECAST_RUNS:
@@ -250,9 +243,84 @@ def figure_outputs():
     if FORECAST_RUNS:
         figs += [f"lead_time_{conv}" for conv in EVAL["conventions"]]
         figs.append("forecast_maps")
-    figs.append("memory_throughput")
     if MAE_RUNS:
         figs.append("hsi_reconstruction")
     if CLASSIFY_RUNS:
         figs.append("classification")
     return [f"{FIGURES}/{name}.png" for name in figs]
+
+
+# -- the paper's experiments ---------------------------------------------------------------
+PAPER = S.paper or {}
+PAPER_DIR = f"{RESULTS}/paper"
+try:
+    from dchag.paper import sweep as paper_sweep
+
+    PAPER_SWEEPS = paper_sweep.sweeps(PAPER) if PAPER else {}
+    PAPER_POINTS = paper_sweep.all_points(PAPER) if PAPER else {}
+    PAPER_ACCURACY = plan.paper_accuracy(S) if PAPER else {}
+except ConfigError as err:
+    raise WorkflowError(str(err))
+
+
+@functools.cache
+def paper_resources(point):
+    return paper_sweep.resources(PAPER_POINTS[point], PAPER["gpus_per_node"])
+
+
+def paper_point_resources():
+    """Slurm resources of a point: its GPUs (tp x dp) over nodes, one task per node (srun
+    starts one torchrun per node with several)."""
+    return {
+        "runtime": PAPER.get("runtime", 30),
+        "mem_mb": PAPER.get("mem_mb", 16000),
+        "nodes": lambda w: paper_resources(w.point).nodes,
+        "tasks": lambda w: paper_resources(w.point).nodes,
+        "gres": lambda w: f"gpu:{paper_resources(w.point).per_node}",
+        "mpi": lambda w: "srun" if paper_resources(w.point).nodes > 1 else "",
+    }
+
+
+def paper_launcher(wildcards, resources):
+    if paper_resources(wildcards.point).nodes > 1:
+        return f"{resources.mpi} -n {resources.tasks} --ntasks-per-node 1 {DCHAG}"
+    return DCHAG
+
+
+def paper_point_config(wildcards):
+    cfg = paper_sweep.point_config(config["name"], PAPER, PAPER_POINTS[wildcards.point])
+    return shlex.quote(
+        str(plan.write_config(cfg, f"paper-{wildcards.point}", CONFIG_DIR))
+    )
+
+
+def paper_point_files(kind):
+    return [f"{PAPER_DIR}/points/{p.name}.json" for p in PAPER_SWEEPS.get(kind, [])]
+
+
+def paper_accuracy_inputs(wildcards):
+    """The accuracy runs' training logs (by variant) and their comparison tables."""
+    out = {
+        f"{task}_{variant}": f"{RESULTS}/train/{run}/log.csv"
+        for task, runs in PAPER_ACCURACY.items()
+        for variant, run in runs.items()
+    }
+    baseline = PAPER_ACCURACY.get("forecast", {}).get("baseline")
+    out["comparisons"] = [
+        f"{EVAL_DIR}/era5/comparison_{run}_{conv}.csv"
+        for variant, run in PAPER_ACCURACY.get("forecast", {}).items()
+        if variant != "baseline" and baseline
+        for conv in EVAL["conventions"]
+    ]
+    return out
+
+
+def paper_outputs(wildcards):
+    if not PAPER:
+        raise WorkflowError(
+            "snakemake paper needs a 'paper' section in the config (see config/paper.yaml, config/paper_cpu.yaml)"
+        )
+    figs = [f"{FIGURES}/paper/{kind}.png" for kind, pts in PAPER_SWEEPS.items() if pts]
+    if PAPER_ACCURACY:
+        figs.append(f"{FIGURES}/paper/accuracy.png")
+    return figs

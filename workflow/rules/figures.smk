@@ -77,27 +77,6 @@ rule fig_forecast_maps:
         "--output {output.png} > {log} 2>&1"
 
 
-rule fig_memory_throughput:
-    input:
-        model_benchmark(),
-    output:
-        png=report(
-            f"{FIGURES}/memory_throughput.png",
-            caption="../report/memory_throughput.rst",
-            category="Figures",
-            subcategory="Scaling",
-        ),
-        pdf=f"{FIGURES}/memory_throughput.pdf",
-    log:
-        f"{LOGS}/fig_memory_throughput.log",
-    conda:
-        "../envs/train.yaml"
-    params:
-        dchag=DCHAG,
-    shell:
-        "{params.dchag} figure memory-throughput {input} --output {output.png} > {log} 2>&1"
-
-
 rule fig_hsi_reconstruction:
     input:
         [f"{EVAL_DIR}/hsi/recon_{run}.npz" for run in MAE_RUNS],
