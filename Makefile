@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --cores $(CORES)
 
-# The test suite, exactly as CI runs it (.ci/run): two pytest-xdist workers, the end-to-end
-# tests first (tests/conftest.py orders them; they share no state).
+# The test suite, exactly as CI runs it (.ci/run): three pytest-xdist workers on CI's two cores
+# (the Slurm test mostly waits on job states, so a third worker keeps both cores busy), the
+# end-to-end tests first (tests/conftest.py orders them; they share no state).
 # `make test-quick` leaves the end-to-end (integration) tests out.
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist load --maxschedchunk 1
 
 test-quick: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 -m "not integration"

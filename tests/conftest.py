@@ -54,19 +54,28 @@ def era5_config(era5_files) -> dict:
     return copy.deepcopy(small_era5_config(era5_files))
 
 
-# The longest end-to-end tests first: `make test` runs two pytest-xdist workers with
-# `--dist load --maxschedchunk 1`, which hands tests out one at a time in collection order, so
-# the demo pipeline and the Slurm cluster (which mostly waits on job states) start at once on
-# the two workers and the short tests fill in around them. (`--dist loadfile` orders files by
-# their number of tests, which started the one-test end-to-end files last.)
+# The longest end-to-end tests first, each on its own worker: `make test` runs pytest-xdist
+# with `--dist load --maxschedchunk 1`, whose initial distribution hands every worker two
+# consecutive tests (then one at a time, in collection order). So the long tests go to even
+# positions (0, 2, 4: one per worker's first pair, started at once — the demo pipeline, the
+# Slurm cluster, which mostly waits on job states, the GPU-check rehearsal), the next long ones
+# right after, and every other test keeps its place behind them.
 LONGEST = ["test_demo_pipeline_produces_normalised_stores", "test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job",
            "test_gpu_check_rehearses_on_the_cpu", "test_a_users_own_one_dataset_config_runs_through_training_and_scoring",
-           "test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group"]
+           "test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group",
+           "test_measured_points_have_the_papers_shape_and_draw_every_figure"]
+FIRST_PAIRS = 3  # long tests placed one per initial pair (the workers of `make test`)
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item):
-        name = item.originalname if hasattr(item, "originalname") else item.name
-        return LONGEST.index(name) if name in LONGEST else len(LONGEST)
+    def name(item):
+        return item.originalname if hasattr(item, "originalname") else item.name
 
-    items.sort(key=rank)  # stable: every other test keeps its place
+    long = sorted((i for i in items if name(i) in LONGEST), key=lambda i: LONGEST.index(name(i)))
+    rest = [i for i in items if name(i) not in LONGEST]
+    ordered = []
+    for i, item in enumerate(long):
+        ordered.append(item)
+        if i < FIRST_PAIRS and rest:
+            ordered.append(rest.pop(0))
+    items[:] = ordered + rest

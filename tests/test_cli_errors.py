@@ -60,6 +60,9 @@ def _cases(tmp):
         "verify-report": [f"verify-dp={MISSING}/run", "--output", str(tmp / "v.csv"), "--figure", str(tmp / "v.png")],
         "install-profile": ["slurm", "--dest", str(profile)],
         "figure": ["loss-curves", f"{MISSING}/log.csv", "--output", str(tmp / "f.png")],
+        "paper-point": ["--config", cfg({**RUNS, "paper": {"sweeps": {"tree": [{"variant": "dchag-l"}]}}}), "--point", "nope",
+                        "--output", str(tmp / "p.json")],
+        "paper-figure": ["tree", f"{MISSING}/point.json", "--output", str(tmp / "t.png")],
     }
 
 

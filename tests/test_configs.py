@@ -118,7 +118,7 @@ def test_dataset_only_config_parses_and_plans_preprocessing_only(tmp_path):
     for f, expected in ((mine, {"hsi_classification"}), (era5_only, {"era5_weights", "era5_year", "era5_stats", "era5_split", "era5_climatology"})):
         proc = snakemake(cwd, "-n", "--quiet", "rules", "--cores", "2", "--configfile", str(f))
         assert proc.returncode == 0, proc.stderr[-3000:]
-        rules = set(planned(proc.stdout + proc.stderr)) - {"all", "total", "fig_memory_throughput"}
+        rules = set(planned(proc.stdout + proc.stderr)) - {"all", "total"}
         assert rules == expected, rules
 
 

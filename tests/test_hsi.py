@@ -313,7 +313,7 @@ def test_disjoint_split_keeps_every_class_that_fits(tmp_path):
     cannot be placed stops the run unless the config says warn."""
     rng = np.random.default_rng(4)
     labels = field_scene(rng)
-    for seed in range(5):
+    for seed in range(2):
         if seed == 0:  # the default 2 x patch blocks are too coarse for this scene: one class misses a split
             coarse, _ = disjoint_split(labels, (0.1, 0.1, 0.8), seed=seed, block=22, patch=11)
             assert min(np.bincount(labels.ravel()[v], minlength=11)[1:10].min() for v in coarse.values()) == 0
