@@ -113,14 +113,13 @@ def paper_accuracy(s: Settings) -> dict[str, dict[str, str]]:
     acc = {task: dict(runs) for task, runs in ((s.paper or {}).get("accuracy") or {}).items() if runs}
     runs = s.train.runs
     for task, by_variant in acc.items():
-        want = {"forecast": "forecast", "mae": "mae"}[task]
         for variant, run in by_variant.items():
             if run not in runs:
                 raise ConfigError(f"config key 'paper.accuracy.{task}.{variant}': {run!r} is not a run of train.runs "
                                   f"({', '.join(runs) or 'none'})")
-            if runs[run]["task"] != want:
+            if runs[run]["task"] != task:  # the keys are task names (forecast, mae)
                 raise ConfigError(f"config key 'paper.accuracy.{task}.{variant}': run {run!r} trains task "
-                                  f"{runs[run]['task']!r}, expected {want!r}")
+                                  f"{runs[run]['task']!r}, expected {task!r}")
         if "baseline" not in by_variant:
             raise ConfigError(f"config key 'paper.accuracy.{task}': needs a baseline run to compare with")
     forecast = acc.get("forecast", {})

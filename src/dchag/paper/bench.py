@@ -29,7 +29,8 @@ from torch import nn
 
 from ..model import ChannelViT, ModelConfig
 from ..parallel import ParallelDims, init_distributed, parallelize_model
-from ..parallel.parallelize import autocast
+from ..parallel.dims import collective_device
+from ..parallel.parallelize import autocast, resolve_precision
 from ..train.memory import MIB, step_peak
 from .sweep import FRONT_VARIANTS, Point
 
@@ -61,12 +62,6 @@ def forward_flops(p: Point) -> float:
     return float(counter.get_total_flops())
 
 
-def _precision(p: Point, device: torch.device) -> str:
-    if p.precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return p.precision
-
-
 def _gather_all_tokens(tokens: torch.Tensor, group) -> torch.Tensor:
     from torch.distributed.nn.functional import all_gather
 
@@ -75,11 +70,11 @@ def _gather_all_tokens(tokens: torch.Tensor, group) -> torch.Tensor:
 
 def measure(p: Point, steps: int, warmup: int) -> dict:
     """Measure point ``p`` in the initialised process group (world = tp x dp)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = collective_device()
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != p.gpus:
         raise RuntimeError(f"point {p.name} needs {p.gpus} processes (tp x dp), {world} were started")
-    precision = _precision(p, device)
+    precision = resolve_precision(p.precision, device)
     dims = ParallelDims(tp=p.tp, dp_mode="fsdp" if p.dp > 1 else "none", world_size=world)
     mesh = dims.build_mesh(device.type) if world > 1 else None
     torch.manual_seed(0)

@@ -148,6 +148,13 @@ def parallelize_model(
     return model
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` is bf16 on a GPU and fp32 on the CPU; bf16 / fp32 stay as they are."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
 def autocast(device: torch.device, precision: str):
     """bf16 autocast where asked (the default on GPU); fp32 on the CPU."""
     if precision == "bf16":

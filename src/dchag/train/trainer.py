@@ -30,7 +30,7 @@ from .. import provenance
 from ..config import ConfigError, run_settings
 from ..model import ChannelViT
 from ..parallel import ParallelDims, init_distributed, parallelize_model
-from ..parallel.parallelize import autocast
+from ..parallel.parallelize import autocast, resolve_precision
 from . import checkpoint as ckpt
 from .data import DataError, ResumableSampler
 from .memory import step_peak
@@ -69,7 +69,7 @@ class Trainer:
         self.mesh = self.dims.build_mesh(self.device.type)
         self.rank = dist.get_rank()
         self.seed = t.seed
-        self.precision = ("bf16" if self.device.type == "cuda" else "fp32") if par.precision == "auto" else par.precision
+        self.precision = resolve_precision(par.precision, self.device)
 
         torch.manual_seed(self.seed)
         self.model = parallelize_model(ChannelViT(self.task.model_cfg).to(self.device), self.dims, self.mesh,
