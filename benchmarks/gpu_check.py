@@ -7,8 +7,9 @@
    one all-reduce of a device tensor.
 2. ``train``: each task (forecast, masked autoencoding, classification) for 30 steps under
    torchrun — bf16 autocast on a GPU (``precision: auto``), activation checkpointing,
-   D-CHAG-L layout with T = 1 — with a checkpoint every 10 steps; one run per task has its
-   worker killed after step 12 and must resume from the checkpoint and finish with 30 rows.
+   D-CHAG-L layout with T = 1 — with a checkpoint every 10 steps; each run has its worker
+   killed past its first checkpoint and must resume from it and finish with one row per
+   step (the tiny rehearsal: 12 steps, a checkpoint every 4).
 3. ``calibrate``: ``dchag calibrate`` under torchrun with the training config.
 4. ``bench``: baseline against D-CHAG-L and -C at T = 1 (one device; the hierarchical model
    with one channel group), recording ``torch.cuda.max_memory_reserved`` (the paper's
@@ -35,8 +36,10 @@ import torch
 
 HERE = Path(__file__).resolve()
 SIZES = {  # the benchmark's model: paper-like on a GPU (DCHAG.md §4: 128 x 256, patch 4, batch 2)
-    "paper": dict(width=1024, depth=8, heads=16, img=(128, 256), patch=4, batch=2, channels=[256, 512, 1024], steps=5),
-    "tiny": dict(width=32, depth=1, heads=4, img=(32, 64), patch=4, batch=2, channels=[8, 16], steps=2),
+    "paper": dict(width=1024, depth=8, heads=16, img=(128, 256), patch=4, batch=2, channels=[256, 512, 1024], steps=5,
+                  train_steps=30, checkpoint_every=10),
+    "tiny": dict(width=32, depth=1, heads=4, img=(32, 64), patch=4, batch=2, channels=[8, 16], steps=2,
+                 train_steps=12, checkpoint_every=4),
 }
 VARIANTS = [("baseline", "baseline"), ("D-CHAG-L", "dchag-l"), ("D-CHAG-C", "dchag-c")]
 
@@ -119,11 +122,12 @@ def part_train(work: Path, size: str) -> dict:
     cfg = _data(work)
     data_s = time.perf_counter() - t0
     width = 256 if size == "paper" else 32
+    steps, every = SIZES[size]["train_steps"], SIZES[size]["checkpoint_every"]
     cfg.update({
         "model": {"patch_size": 4, "embed_dim": width, "depth": 4 if size == "paper" else 1, "num_heads": 8 if size == "paper" else 4,
                   "aggregation": "linear", "decoder": {"dim": 64, "depth": 1, "num_heads": 4}},
         "parallel": {"tp": 1, "strategy": "dchag", "dp": "none", "activation_checkpointing": True, "precision": "auto"},
-        "train": {"steps": 30, "batch_size": 4, "lr": 1e-3, "warmup_steps": 3, "checkpoint_every": 10, "val_every": 10,
+        "train": {"steps": steps, "batch_size": 4, "lr": 1e-3, "warmup_steps": 3, "checkpoint_every": every, "val_every": every,
                   "val_batches": 2, "max_restarts": 1, "forecast": {"lead_hours": [24, 72]},
                   "runs": {"forecast": {"task": "forecast"}, "mae": {"task": "mae"},
                            "classify": {"task": "classify", "model": {"patch_size": 1}}}},  # 7 x 7 patches
@@ -143,7 +147,7 @@ def part_train(work: Path, size: str) -> dict:
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
         partial, killed = run_dir / "log.csv.partial", None
         while proc.poll() is None and killed is None:
-            if partial.exists() and len(partial.read_text().splitlines()) > 12:  # past the step-10 checkpoint
+            if partial.exists() and len(partial.read_text().splitlines()) > every + 2:  # past the first checkpoint
                 workers = _children(proc.pid)
                 if workers:
                     killed = workers[0]
@@ -157,7 +161,7 @@ def part_train(work: Path, size: str) -> dict:
                             "killed_worker": killed is not None, "resumed": "resuming from" in text, "rows": len(rows) - 1,
                             "precision": info.get("precision"), "backend": info.get("parallel", {}).get("backend"),
                             "final_loss": float(rows[-1].split(",")[2]) if len(rows) > 1 else None}
-        ok = proc.returncode == 0 and len(rows) == 31 and (killed is None or "resuming from" in text)
+        ok = proc.returncode == 0 and len(rows) == steps + 1 and (killed is None or "resuming from" in text)
         if not ok:
             raise SystemExit(f"training {run} failed the check: {out['runs'][run]}\n{text[-3000:]}")
     out["config"] = str(config)
@@ -207,7 +211,7 @@ def part_bench(size: str) -> None:
 def _table(result: dict) -> str:
     lines = ["# GPU check", "", f"Command: `{result['command']}`  ", f"Device: {result['device']}; torch {result['torch']}  ",
              f"Size: {result['size']} ({json.dumps(SIZES[result['size']])})", "",
-             f"NCCL / process group: {json.dumps(result['nccl'])}", "", "## Training (30 steps, killed once and resumed)", "",
+             f"NCCL / process group: {json.dumps(result['nccl'])}", "", f"## Training ({SIZES[result['size']]['train_steps']} steps, killed once and resumed)", "",
              "| run | precision | backend | seconds | killed | resumed | rows | final loss |", "|---|---|---|---:|---|---|---:|---:|"]
     for run, r in result["train"]["runs"].items():
         lines.append(f"| {run} | {r['precision']} | {r['backend']} | {r['seconds']} | {r['killed_worker']} | {r['resumed']} | "

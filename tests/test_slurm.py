@@ -35,10 +35,11 @@ def cluster(tmp_path_factory):
 
 
 def small_config(path: Path, **evaluate) -> Path:
-    """The demo, cut to one D-CHAG forecast run long enough to checkpoint and be cancelled."""
+    """The demo, cut to 45 days of three years and one D-CHAG forecast run long enough to
+    checkpoint and be cancelled."""
     cfg = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     cfg.pop("hsi")
-    cfg["era5"]["years"] = {"train": [2016], "val": [2017], "test": [2018]}
+    cfg["era5"].update(years={"train": [2016], "val": [2017], "test": [2018]}, demo_days=45)
     cfg["train"].update(steps=40, checkpoint_every=10, val_every=20, runs={RUN: {"task": "forecast"}})
     cfg["evaluate"] = {"lead_hours": [168], "conventions": ["wb2"], **evaluate}
     path.write_text(yaml.safe_dump(cfg))

@@ -56,10 +56,11 @@ def test_dry_run_plans_the_demo_dag(tmp_path):
 
 @pytest.mark.integration
 def test_demo_pipeline_produces_normalised_stores(tmp_path):
-    """The demo as `make demo` runs it, with 60 training steps instead of 150 (CI's time; the
-    full demo is timed in benchmarks/results/demo_training.md)."""
+    """The demo as `make demo` runs it, with 60 training steps instead of 150 and 60 days of
+    each synthetic year instead of 365 (CI's time; the full demo is timed in
+    benchmarks/results/demo_training.md)."""
     short = tmp_path / "short.yaml"
-    short.write_text("train:\n  steps: 60\n  checkpoint_every: 30\n  val_every: 30\n")
+    short.write_text("era5:\n  demo_days: 60\ntrain:\n  steps: 60\n  checkpoint_every: 30\n  val_every: 30\n")
     demo = [REPO / "config" / "demo.yaml", short]
     proc = snakemake(tmp_path, configfile=demo)
     assert proc.returncode == 0, proc.stderr[-3000:]

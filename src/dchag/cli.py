@@ -46,7 +46,7 @@ def cmd_demo_era5(args) -> None:
     if args.constants_only:
         years = []
     for year in years:
-        demo.write_year(outdir, year, era5["demo_grid"], levels, era5["time_step_hours"])
+        demo.write_year(outdir, year, era5["demo_grid"], levels, era5["time_step_hours"], days=era5["demo_days"])
     if args.year is None:
         demo.write_constants(outdir, era5["demo_grid"])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import types
@@ -33,9 +34,11 @@ class ConfigError(DchagError, ValueError):
     """The config is invalid; the message names the key or file at fault."""
 
 
+@functools.cache
 def schema() -> dict:
+    """The parsed schema, read once per process (callers must not change it)."""
     with open(SCHEMA_PATH) as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def schema_default(dotted: str):
