@@ -59,11 +59,12 @@ def era5_config(era5_files) -> dict:
 # consecutive tests (then one at a time, in collection order). So the long tests go to even
 # positions (0, 2, 4: one per worker's first pair, started at once — the demo pipeline, the
 # Slurm cluster, which mostly waits on job states, the GPU-check rehearsal), the next long ones
-# right after, and every other test keeps its place behind them.
+# right after (the paper sweep, a user's config, the verification experiment, two "nodes"),
+# and every other test keeps its place behind them.
 LONGEST = ["test_demo_pipeline_produces_normalised_stores", "test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job",
-           "test_gpu_check_rehearses_on_the_cpu", "test_a_users_own_one_dataset_config_runs_through_training_and_scoring",
-           "test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group",
-           "test_measured_points_have_the_papers_shape_and_draw_every_figure"]
+           "test_gpu_check_rehearses_on_the_cpu", "test_paper_sweep_measures_every_point_and_draws_its_figures",
+           "test_a_users_own_one_dataset_config_runs_through_training_and_scoring", "test_verification_experiment_on_the_demo_data",
+           "test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group"]
 FIRST_PAIRS = 3  # long tests placed one per initial pair (the workers of `make test`)
 
 
