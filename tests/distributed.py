@@ -27,6 +27,14 @@ def _worker(rank: int, world_size: int, port: int, fn, args) -> None:
         dist.destroy_process_group()
 
 
+# The ranks fork from one server process (per test process) that has imported torch and the
+# checks once; "spawn" would start every rank as a fresh interpreter, ~3-4 s of imports each.
+# (The server itself is started fresh and holds no threads or process group when it forks.)
+mp.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
+                           "torch.distributed.tensor.parallel", "dchag.model", "dchag.parallel", "parallel_checks"])
+
+
 def run_distributed(fn, world_size: int, *args) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; a failure on any rank fails."""
-    mp.spawn(_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+    mp.start_processes(_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True,
+                       start_method="forkserver")
