@@ -98,6 +98,16 @@ class ForecastDataset(Dataset):
         y = np.asarray(self.data.get_orthogonal_selection((index + lead // self.step_h, self.out_ids)), dtype=np.float32)
         return torch.from_numpy(x), torch.tensor(float(lead)), torch.from_numpy(y)
 
+    def __getitems__(self, indices: list[int]) -> list[tuple]:
+        """A batch in two reads (inputs, targets) instead of two per sample: the DataLoader
+        uses this when batching; the samples equal __getitem__'s."""
+        leads = [self.lead_of(i) for i in indices]
+        lo, hi = self.in_ids[0], self.in_ids[-1] + 1
+        x = np.asarray(self.data.get_orthogonal_selection((np.asarray(indices), slice(lo, hi))), dtype=np.float32)
+        later = np.asarray([i + lead // self.step_h for i, lead in zip(indices, leads)])
+        y = np.asarray(self.data.get_orthogonal_selection((later, self.out_ids)), dtype=np.float32)
+        return [(torch.from_numpy(x[k]), torch.tensor(float(lead)), torch.from_numpy(y[k])) for k, lead in enumerate(leads)]
+
 
 class SampleDataset(Dataset):
     """Hyperspectral patches (with labels) or tiles, one split group of a store, the rank's bands."""
@@ -118,6 +128,13 @@ class SampleDataset(Dataset):
         if self.labels is None:
             return (x,)
         return x, torch.tensor(self.labels[index])
+
+    def __getitems__(self, indices: list[int]) -> list[tuple]:
+        """A batch in one read (see ForecastDataset.__getitems__)."""
+        x = np.asarray(self.array.get_orthogonal_selection((np.asarray(indices), slice(self.lo, self.hi))), dtype=np.float32)
+        if self.labels is None:
+            return [(torch.from_numpy(x[k]),) for k in range(len(indices))]
+        return [(torch.from_numpy(x[k]), torch.tensor(self.labels[i])) for k, i in enumerate(indices)]
 
 
 def store_info(store: str | Path, group: str = "") -> dict:
