@@ -180,6 +180,17 @@ def test_tiles_store_from_envi_collection(tmp_path):
     train = open_group(out, "train")
     assert np.isfinite(train.wavelength.values).all() and train.tiles.shape[1:] == (200, 16, 16)
     assert len(paths) == 2
+    # the training dataset over it: a rank's band block, read from memory or from Zarr alike
+    from dchag.train.data import SampleDataset
+
+    zarr_read = SampleDataset(out, "train", "tiles", list(range(50, 100)), 200)
+    cached = SampleDataset(out, "train", "tiles", list(range(50, 100)), 200, cache_bytes=2**20)
+    assert zarr_read.x_mem is None and cached.x_mem is not None
+    expected = train.tiles.values[:, 50:100]
+    for ds in (zarr_read, cached):
+        batch = ds.__getitems__([3, 0, 0])
+        assert [np.array_equal(b[0].numpy(), expected[i]) for b, i in zip(batch, (3, 0, 0))] == [True] * 3
+        assert np.array_equal(ds[2][0].numpy(), expected[2])
 
 
 @pytest.mark.parametrize("case", ["labels shape", "nan", "patch too large", "unknown preset", "band out of range"])

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -42,6 +43,28 @@ def data_root(tmp_path_factory):
     for split, y in (("train", 2001), ("val", 2002)):
         build_split(split, [years[y]], stats, root / "era5" / f"{split}.zarr")
     return root, cfg
+
+
+def test_the_forecast_dataset_reads_the_same_samples_from_memory_or_zarr(data_root):
+    """A rank's channel block and the outputs at t + lead: batches read from Zarr, from the
+    in-memory copy (train.cache_mb) and one sample at a time are the same samples."""
+    from dchag.store import open_store
+    from dchag.train.data import ForecastDataset
+
+    root, _ = data_root
+    store = root / "era5" / "train.zarr"
+    ds = open_store(store)
+    names = list(ds.channel.values)
+    args = (store, names, [2, 3, 4], ["z500", "t2m"], (24, 48), 7)
+    zarr_read, cached = ForecastDataset(*args), ForecastDataset(*args, cache_bytes=2**20)
+    assert zarr_read.x_mem is None and cached.x_mem is not None
+    values = ds.data.values
+    out = [names.index("z500"), names.index("t2m")]
+    for d in (zarr_read, cached):
+        for i, (x, lead, y) in zip([5, 0, 5], d.__getitems__([5, 0, 5])):
+            assert lead.item() in (24.0, 48.0) and lead.item() == d.lead_of(i)
+            assert np.array_equal(x.numpy(), values[i, 2:5]) and np.array_equal(y.numpy(), values[i + int(lead) // 24, out])
+        assert all(torch.equal(a, b) for a, b in zip(d[1], zarr_read[1]))
 
 
 def _stores(root: Path) -> list[str]:

@@ -249,6 +249,7 @@ class TrainSettings:
     val_batches: int
     num_workers: int
     prefetch_factor: int
+    cache_mb: float
     measure_comm: bool
     measure_memory: bool
     tensorboard: bool

@@ -251,7 +251,7 @@ def load_weights(model: nn.Module, directory: str | Path) -> None:
 # Settings that change neither the model, the data order nor the optimiser's state: a run
 # whose config differs from its checkpoints' only in these resumes from them.
 RESUMABLE = {"train.steps", "train.checkpoint_every", "train.val_every", "train.val_batches", "train.num_workers",
-             "train.prefetch_factor", "train.measure_comm", "train.measure_memory", "train.tensorboard",
+             "train.prefetch_factor", "train.cache_mb", "train.measure_comm", "train.measure_memory", "train.tensorboard",
              "train.max_restarts", "train.gpus_per_node", "parallel.activation_checkpointing",
              "parallel.fsdp_reshard_after_forward"}
 

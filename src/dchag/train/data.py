@@ -55,7 +55,7 @@ class ForecastDataset(Dataset):
     output channels), lead drawn uniformly from the configured multiples of the time step."""
 
     def __init__(self, store: str | Path, channels: list[str], rank_channels: list[int], outputs: list[str],
-                 lead_hours: tuple[int, int], seed: int):
+                 lead_hours: tuple[int, int], seed: int, cache_bytes: int = 0):
         self.store = str(store)
         self.data = open_array(store, "data")
         attrs = _attrs(store)
@@ -77,6 +77,14 @@ class ForecastDataset(Dataset):
         self.count = len(times) - hi // step_h
         self.seed = seed
         self.epoch = 0
+        # the rank's inputs and the outputs, in memory when they fit (reading a batch from Zarr
+        # costs a chunk per sample, channel and time step)
+        lo, hi = self.in_ids[0], self.in_ids[-1] + 1
+        field = int(np.prod(self.data.shape[2:])) * 4
+        self.x_mem = self.y_mem = None
+        if self.data.shape[0] * (hi - lo + len(self.out_ids)) * field <= cache_bytes:
+            self.x_mem = np.asarray(self.data[:, lo:hi], dtype=np.float32)
+            self.y_mem = np.asarray(self.data.get_orthogonal_selection((slice(None), self.out_ids)), dtype=np.float32)
 
     def _times(self):
         from ..store import open_zarr
@@ -92,46 +100,50 @@ class ForecastDataset(Dataset):
         return int(rng.choice(self.leads))
 
     def __getitem__(self, index: int):
-        lead = self.lead_of(index)
-        lo, hi = self.in_ids[0], self.in_ids[-1] + 1
-        x = np.asarray(self.data[index, lo:hi], dtype=np.float32)
-        y = np.asarray(self.data.get_orthogonal_selection((index + lead // self.step_h, self.out_ids)), dtype=np.float32)
-        return torch.from_numpy(x), torch.tensor(float(lead)), torch.from_numpy(y)
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[tuple]:
-        """A batch in two reads (inputs, targets) instead of two per sample: the DataLoader
-        uses this when batching; the samples equal __getitem__'s."""
+        """A batch from memory, or in two Zarr reads (inputs, targets) instead of two per
+        sample; the DataLoader uses this when batching."""
         leads = [self.lead_of(i) for i in indices]
         lo, hi = self.in_ids[0], self.in_ids[-1] + 1
-        x = np.asarray(self.data.get_orthogonal_selection((np.asarray(indices), slice(lo, hi))), dtype=np.float32)
+        now = np.asarray(indices)
         later = np.asarray([i + lead // self.step_h for i, lead in zip(indices, leads)])
-        y = np.asarray(self.data.get_orthogonal_selection((later, self.out_ids)), dtype=np.float32)
+        if self.x_mem is not None:
+            x, y = self.x_mem[now], self.y_mem[later]
+        else:
+            x = np.asarray(self.data.get_orthogonal_selection((now, slice(lo, hi))), dtype=np.float32)
+            y = np.asarray(self.data.get_orthogonal_selection((later, self.out_ids)), dtype=np.float32)
         return [(torch.from_numpy(x[k]), torch.tensor(float(lead)), torch.from_numpy(y[k])) for k, lead in enumerate(leads)]
 
 
 class SampleDataset(Dataset):
     """Hyperspectral patches (with labels) or tiles, one split group of a store, the rank's bands."""
 
-    def __init__(self, store: str | Path, split: str, var: str, rank_bands: list[int], num_bands: int | None = None):
+    def __init__(self, store: str | Path, split: str, var: str, rank_bands: list[int], num_bands: int | None = None,
+                 cache_bytes: int = 0):
         self.array = open_array(store, f"{split}/{var}")
         total = self.array.shape[1]
         if num_bands is not None and num_bands != total:
             raise DataError(f"{store} ({split}) has {total} bands, the model expects {num_bands}")
         self.lo, self.hi = rank_bands[0], rank_bands[-1] + 1
         self.labels = np.asarray(open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
+        shape = self.array.shape
+        fits = shape[0] * (self.hi - self.lo) * int(np.prod(shape[2:])) * 4 <= cache_bytes
+        self.x_mem = np.asarray(self.array[:, self.lo:self.hi], dtype=np.float32) if fits else None
 
     def __len__(self) -> int:
         return self.array.shape[0]
 
     def __getitem__(self, index: int):
-        x = torch.from_numpy(np.asarray(self.array[index, self.lo:self.hi], dtype=np.float32))
-        if self.labels is None:
-            return (x,)
-        return x, torch.tensor(self.labels[index])
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[tuple]:
         """A batch in one read (see ForecastDataset.__getitems__)."""
-        x = np.asarray(self.array.get_orthogonal_selection((np.asarray(indices), slice(self.lo, self.hi))), dtype=np.float32)
+        if self.x_mem is not None:
+            x = self.x_mem[np.asarray(indices)]
+        else:
+            x = np.asarray(self.array.get_orthogonal_selection((np.asarray(indices), slice(self.lo, self.hi))), dtype=np.float32)
         if self.labels is None:
             return [(torch.from_numpy(x[k]),) for k in range(len(indices))]
         return [(torch.from_numpy(x[k]), torch.tensor(self.labels[i])) for k, i in enumerate(indices)]

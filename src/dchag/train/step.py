@@ -33,7 +33,19 @@ def rotation_groups(rotation, groups: int, step: int) -> list[int] | None:
 
 def param_groups(model: torch.nn.Module, cfg: RunSettings, model_cfg, tp: int) -> list[dict]:
     """One optimizer group, or under rotation the rotated parts (tokenizer, partial
-    aggregators) apart with their learning rate scaled by train.rotation.lr_scale."""
+    aggregators) apart with their learning rate scaled by train.rotation.lr_scale; each split
+    into its DTensor and its plain parameters (the multi-tensor AdamW takes one kind at once)."""
+    return [g for group in _groups(model, cfg, model_cfg, tp) for g in _by_kind(group)]
+
+
+def _by_kind(group: dict) -> list[dict]:
+    from torch.distributed.tensor import DTensor
+
+    kinds = [[p for p in group["params"] if isinstance(p, DTensor) == dt] for dt in (True, False)]
+    return [{**group, "params": ps} for ps in kinds if ps]
+
+
+def _groups(model: torch.nn.Module, cfg: RunSettings, model_cfg, tp: int) -> list[dict]:
     t, rot = cfg.train, cfg.train.rotation
     if rot is None:
         return [{"params": list(model.parameters())}]

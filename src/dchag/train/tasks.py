@@ -110,7 +110,8 @@ class ForecastTask(Task):
 
     def dataset(self, split, rank_channels, seed):
         lead = tuple(self.cfg.train.forecast.lead_hours)
-        return ForecastDataset(self.stores[split], self.channels, rank_channels, self.outputs, lead, seed)
+        return ForecastDataset(self.stores[split], self.channels, rank_channels, self.outputs, lead, seed,
+                               cache_bytes=int(self.cfg.train.cache_mb * 2**20))
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
         x, lead, y = batch
@@ -139,7 +140,8 @@ class _HsiTask(Task):
         return 0
 
     def dataset(self, split, rank_channels, seed):
-        return SampleDataset(self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels)
+        return SampleDataset(self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels,
+                             cache_bytes=int(self.cfg.train.cache_mb * 2**20))
 
 
 class MaeTask(_HsiTask):

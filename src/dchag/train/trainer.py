@@ -87,7 +87,7 @@ class Trainer:
         self.channel_group = self.tp_group if core.group_gather is not None else None
 
         self.opt = torch.optim.AdamW(param_groups(self.model, self.cfg, self.task.model_cfg, self.dims.tp), lr=t.lr,
-                                     weight_decay=t.weight_decay, betas=tuple(t.betas))
+                                     weight_decay=t.weight_decay, betas=tuple(t.betas), foreach=True)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.step_fn = TrainStep(self.model, core, self.task, self.opt, self.sched, device=self.device,
                                  precision=self.precision, grad_clip=t.grad_clip, tp_group=self.tp_group,
