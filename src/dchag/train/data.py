@@ -43,6 +43,11 @@ def _attrs(store: str | Path, group: str = "") -> dict:
         raise DataError(f"cannot read group {group or '/'!r} of {store}: {err}") from err
 
 
+def _block_bytes(array: zarr.Array, channels: int) -> int:
+    """Bytes of ``channels`` channels (axis 1) of every sample of ``array`` as float32."""
+    return array.shape[0] * channels * int(np.prod(array.shape[2:])) * 4
+
+
 def select_channels(available: list[str], wanted: list[str], store: str | Path) -> list[int]:
     missing = [c for c in wanted if c not in available]
     if missing:
@@ -79,11 +84,10 @@ class ForecastDataset(Dataset):
         self.epoch = 0
         # the rank's inputs and the outputs, in memory when they fit (reading a batch from Zarr
         # costs a chunk per sample, channel and time step)
-        lo, hi = self.in_ids[0], self.in_ids[-1] + 1
-        field = int(np.prod(self.data.shape[2:])) * 4
+        self.lo, self.hi = self.in_ids[0], self.in_ids[-1] + 1
         self.x_mem = self.y_mem = None
-        if self.data.shape[0] * (hi - lo + len(self.out_ids)) * field <= cache_bytes:
-            self.x_mem = np.asarray(self.data[:, lo:hi], dtype=np.float32)
+        if _block_bytes(self.data, self.hi - self.lo + len(self.out_ids)) <= cache_bytes:
+            self.x_mem = np.asarray(self.data[:, self.lo:self.hi], dtype=np.float32)
             self.y_mem = np.asarray(self.data.get_orthogonal_selection((slice(None), self.out_ids)), dtype=np.float32)
 
     def _times(self):
@@ -106,13 +110,12 @@ class ForecastDataset(Dataset):
         """A batch from memory, or in two Zarr reads (inputs, targets) instead of two per
         sample; the DataLoader uses this when batching."""
         leads = [self.lead_of(i) for i in indices]
-        lo, hi = self.in_ids[0], self.in_ids[-1] + 1
         now = np.asarray(indices)
         later = np.asarray([i + lead // self.step_h for i, lead in zip(indices, leads)])
         if self.x_mem is not None:
             x, y = self.x_mem[now], self.y_mem[later]
         else:
-            x = np.asarray(self.data.get_orthogonal_selection((now, slice(lo, hi))), dtype=np.float32)
+            x = np.asarray(self.data.get_orthogonal_selection((now, slice(self.lo, self.hi))), dtype=np.float32)
             y = np.asarray(self.data.get_orthogonal_selection((later, self.out_ids)), dtype=np.float32)
         return [(torch.from_numpy(x[k]), torch.tensor(float(lead)), torch.from_numpy(y[k])) for k, lead in enumerate(leads)]
 
@@ -128,8 +131,7 @@ class SampleDataset(Dataset):
             raise DataError(f"{store} ({split}) has {total} bands, the model expects {num_bands}")
         self.lo, self.hi = rank_bands[0], rank_bands[-1] + 1
         self.labels = np.asarray(open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
-        shape = self.array.shape
-        fits = shape[0] * (self.hi - self.lo) * int(np.prod(shape[2:])) * 4 <= cache_bytes
+        fits = _block_bytes(self.array, self.hi - self.lo) <= cache_bytes
         self.x_mem = np.asarray(self.array[:, self.lo:self.hi], dtype=np.float32) if fits else None
 
     def __len__(self) -> int:

@@ -80,6 +80,11 @@ class Task:
     def dataset(self, split: str, rank_channels: list[int], seed: int) -> torch.utils.data.Dataset:
         raise NotImplementedError
 
+    @property
+    def cache_bytes(self) -> int:
+        """train.cache_mb in bytes: the datasets' in-memory limit per rank."""
+        return int(self.cfg.train.cache_mb * 2**20)
+
     def loss(self, model, batch: list[torch.Tensor], step: int, seed: int, channel_group,
              active_groups: list[int] | None = None) -> tuple[torch.Tensor, dict]:
         """The loss of ``batch`` and extra validation metrics (name -> float)."""
@@ -111,7 +116,7 @@ class ForecastTask(Task):
     def dataset(self, split, rank_channels, seed):
         lead = tuple(self.cfg.train.forecast.lead_hours)
         return ForecastDataset(self.stores[split], self.channels, rank_channels, self.outputs, lead, seed,
-                               cache_bytes=int(self.cfg.train.cache_mb * 2**20))
+                               cache_bytes=self.cache_bytes)
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
         x, lead, y = batch
@@ -141,7 +146,7 @@ class _HsiTask(Task):
 
     def dataset(self, split, rank_channels, seed):
         return SampleDataset(self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels,
-                             cache_bytes=int(self.cfg.train.cache_mb * 2**20))
+                             cache_bytes=self.cache_bytes)
 
 
 class MaeTask(_HsiTask):
