@@ -102,8 +102,9 @@ class Workload:
     fixed_groups: int = 8
     bucket_bytes: float = 25e6  # DDP bucket
     token_copies: float | None = None  # None: this package's tokenizer (see front_activations)
-    cross_copies: float = 3.65
-    cross_replicated: float = 1.0  # of those, not split by TP in the baseline (the re-laid-out context)
+    input_copies: float | None = None  # None: p²/D token tensors per channel (see front_activations)
+    cross_copies: float = 4.0  # a query aggregation: its keys and values, and their re-laid-out copy
+    cross_replicated: float = 0.0  # of those, not split by TP in the baseline
     baseline_cross_copies: float | None = None  # the baseline's aggregation, when implemented differently
     runtime_overhead: float = 0.0  # bytes: CUDA context, allocator cache, workspaces
     state_bytes: float = BYTES_PER_PARAM_STATE  # per parameter: weights, gradients, optimizer state
@@ -239,20 +240,31 @@ class Workload:
         return self.depth * self.unit() + block / tp
 
     def front_activations(self, channels: int, aggregation: str, groups: int, tp: int = 1) -> float:
-        """Peak front-end activations: per channel, this package's tokenizer holds its tokens,
-        their gradient and the patch matrix with its column of ones, 2 + (p² + 1) / D token
-        tensors; a query aggregation adds ``cross_copies``, of which the baseline's
-        tensor-parallel final aggregation splits all but the re-laid-out context over TP."""
+        """Peak front-end activations, in token tensors (B, L, D) per channel. This package:
+        p²/D for the batch as the tokenizer reads it (fitted: MemTracker's peaks of the TP
+        baseline at T = 1, 2, 4 in benchmarks/results/tp_baseline_memory.md are 1.52 + 4/T
+        per channel), the patch matrix with its column of ones ((p² + 1)/D) and the tokens (1); the -L aggregation keeps the tokens for its weight gradient while it forms
+        their gradient (+1); a query aggregation (-C, the baseline's) holds its keys and values
+        and their re-laid-out copy (``cross_copies``: 4, the width 2D), and releases its input
+        before forming the input's gradient (layers.KeyValueProjection). Under TP the
+        baseline's aggregation splits its keys and values over T, but its backward holds the
+        context's gradient twice (the partial sum and its all-reduced copy): a floor of 2."""
         u = self.unit()
-        copies = 2 + (self.patch_size**2 + 1) / self.embed_dim if self.token_copies is None else self.token_copies
-        act = copies * channels * u
+        p2 = self.patch_size**2
+        inputs = p2 / self.embed_dim if self.input_copies is None else self.input_copies
+        package = self.token_copies is None
+        tokens = (p2 + 1) / self.embed_dim + (2 if aggregation == "linear" else 1) if package else self.token_copies
         if aggregation == "cross":
-            act += self.cross_copies * channels * u
+            aggregate = self.cross_copies
         elif aggregation == "baseline":
             extra = self.cross_copies if self.baseline_cross_copies is None else self.baseline_cross_copies
             kept = min(self.cross_replicated, extra)
-            act += (kept + (extra - kept) / tp) * channels * u
-        return act
+            aggregate = kept + (extra - kept) / tp
+            if package and tp > 1:  # the tokens, or the two copies of their gradient
+                aggregate = max(1 + aggregate, 2) - 1
+        else:
+            aggregate = 0.0
+        return (inputs + tokens + aggregate) * channels * u
 
 
 # The paper's implementation (its artifact), from its own measurements (DCHAG.md section 4):
@@ -265,7 +277,7 @@ class Workload:
 # fp32 moments — 8 — and, in forward and backward, the bf16 copy of the parameter and its bf16
 # gradient — 2 + 2. (16 counted the bf16 copies beside the fp32 master and moments but not the
 # fp32 gradient; it left the D-CHAG rows 15-20 % short, the more so the more parameters per GPU.)
-PAPER = {"token_copies": 3.0, "cross_copies": 5.1, "baseline_cross_copies": 0.51, "cross_replicated": 5.1,
+PAPER = {"token_copies": 3.0, "input_copies": 0.0, "cross_copies": 5.1, "baseline_cross_copies": 0.51, "cross_replicated": 5.1,
          "runtime_overhead": 2.13 * 2**30, "state_bytes": 20.0}
 
 

@@ -96,6 +96,41 @@ class ChannelTokenizer(nn.Module):
         return torch.matmul(patches, torch.cat([weight, shift[..., None]], dim=-1).transpose(1, 2))
 
 
+class _WeightGradientFirst(torch.autograd.Function):
+    """Identity on ``y = x W^T + b`` (computed without a weight gradient) that adds W's gradient
+    in backward, before autograd forms x's: x is released between the two, so x and its
+    gradient never both exist."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.weight_dtype = weight.dtype
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        grad_weight = grad.reshape(-1, grad.shape[-1]).transpose(0, 1) @ x.reshape(-1, x.shape[-1]).to(grad.dtype)
+        return grad, None, grad_weight.to(ctx.weight_dtype)
+
+
+class KeyValueProjection(nn.Linear):
+    """The fused key/value projection (an nn.Linear, so tensor parallelism splits it as one).
+
+    Its input is the aggregation's context, (B, C, L, D) over all C channel tokens in the TP
+    baseline: the largest tensor of the front end. A plain linear layer keeps it until its
+    backward has formed both gradients, so the context and its whole gradient coexist on
+    every rank; here the weight gradient is formed first and the context released before the
+    input gradient (a T-independent (B, C, L, D) less at the backward peak)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):  # keep what autocast's linear keeps
+            x = x.to(torch.get_autocast_dtype(device))
+        y = F.linear(x, self.weight.detach(), self.bias)  # saves no x: no weight gradient here
+        return _WeightGradientFirst.apply(y, x, self.weight)
+
+
 class CrossAttention(nn.Module):
     """Multi-head attention of ``query`` tokens over ``context`` tokens (no norm, no residual).
 
@@ -113,15 +148,25 @@ class CrossAttention(nn.Module):
         # Megatron's fused layout): column-parallel splitting gives each rank its heads' keys and
         # values, and the context's gradient comes out of one matmul — one context-sized tensor,
         # not two summed (the peak of the channel aggregation's backward).
-        self.wkv = nn.Linear(dim, 2 * dim)
+        self.wkv = KeyValueProjection(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """query (N, Q, D), context (N, S, D) -> (N, Q, D)."""
+        """query (N, Q, D); context (N, S, D), or (B, S, L, D) with N = B * L: a set of S tokens
+        at each of L locations, read in place -> (N, Q, D).
+
+        The keys and values are projected in the context's own layout and only they (width
+        2D/T under tensor parallelism) are re-laid out for attention: no copy of the whole
+        context exists beside it (the channel aggregation's largest tensor)."""
+        if context.dim() == 3:
+            context = context.unsqueeze(2)
+        b, s_len, l, _ = context.shape
         n, q_len, _ = query.shape
-        s_len = context.shape[1]
         q = self.wq(query).reshape(n, q_len, -1, self.head_dim).transpose(1, 2)
-        k, v = self.wkv(context).reshape(n, s_len, -1, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
+        # (B, S, L, H, 2, hd) -> k, v (B*L, H, S, hd), one copy of both (a view when L = 1)
+        kv = self.wkv(context).reshape(b, s_len, l, -1, 2, self.head_dim).permute(4, 0, 2, 3, 1, 5)
+        k, v = kv.reshape(2, b * l, -1, s_len, self.head_dim).unbind(0)
+        del kv  # the projection's own output goes once its re-laid-out copy exists
         out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(n, q_len, -1))
 
@@ -138,8 +183,7 @@ class QueryAggregator(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         b, s, l, d = tokens.shape
-        context = tokens.permute(0, 2, 1, 3).reshape(b * l, s, d)
-        out = self.attn(self.query.expand(b * l, -1, -1), context)
+        out = self.attn(self.query.expand(b * l, -1, -1), tokens)
         return out.reshape(b, l, d)
 
 
