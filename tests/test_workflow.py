@@ -232,15 +232,16 @@ def check_a_point_records_per_rank_memory_its_split_time_and_throughput(m: dict)
 def check_the_measured_memory_has_the_papers_shape(mem: dict) -> None:
     """The run's own numbers (not the published ones): distributed tokenization holds a
     fraction of the baseline's; gathering all tokens gives the saving back; D-CHAG-L < -C <
-    baseline per rank; and the TP baseline's per-rank memory falls with T from T = 2 to T = 4
-    (27 % on the workload of benchmarks/results/tp_baseline_memory.md, as the authors' code
-    falls by about a quarter; 14 % before the k/v projection released its input early)."""
+    baseline per rank; and the TP baseline's per-rank memory falls with T from T = 2 to T = 4:
+    by 20 % at this size (13 % before the k/v projection released its input early; 27 % on the
+    workload of benchmarks/results/tp_baseline_memory.md, where the authors' code falls by
+    about a quarter)."""
     tok, agg = mem[("tokenize", 2, 0)], mem[("tokenize+aggregate", 2, 0)]
     dist, gather = mem[("dist-tokenize", 2, 0)], mem[("dist-tokenize+gather-all", 2, 0)]
     assert dist < 0.7 * tok and gather > 1.5 * dist and agg > tok
     assert mem[("dchag-l", 2, 0)] < mem[("dchag-c", 2, 0)] < mem[("baseline", 2, 0)]
     assert mem[("dchag-l", 2, 2)] < mem[("dchag-c", 2, 2)]
-    assert mem[("baseline", 4, 0)] < 0.9 * mem[("baseline", 2, 0)], (mem[("baseline", 2, 0)], mem[("baseline", 4, 0)])
+    assert mem[("baseline", 4, 0)] < 0.85 * mem[("baseline", 2, 0)], (mem[("baseline", 2, 0)], mem[("baseline", 4, 0)])
 
 
 def check_evaluation(results: Path) -> None:
