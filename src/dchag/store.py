@@ -24,6 +24,14 @@ class InputError(DchagError, ValueError):
     """An input file is missing or unreadable; the message names it."""
 
 
+def select_channels(available: list[str], wanted: list[str], store: str | Path) -> list[int]:
+    """Indices of the ``wanted`` channel names in a store's ``available`` ones."""
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        raise InputError(f"store {store} lacks channel(s) the model expects: {', '.join(missing)} (it has {', '.join(available)})")
+    return [available.index(c) for c in wanted]
+
+
 @contextlib.contextmanager
 def _quiet_snakemake_timestamp():
     """Silence zarr's warning about the ``.snakemake_timestamp`` file Snakemake leaves in

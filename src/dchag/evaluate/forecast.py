@@ -14,14 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import provenance
-from ..store import InputError, open_store, write_zarr
-from ..train.data import select_channels
-from ..train.loading import load_trained
+from ..store import InputError, open_store, select_channels, write_zarr
 
 
 log = logging.getLogger(__name__)
@@ -128,6 +125,11 @@ def model_forecast(config: dict, run: str, checkpoint: str, store: str, lead_hou
                    batch_size: int = 32) -> Path:
     """The trained model's forecasts from every initialisation time of ``store`` (a normalised
     split store) at each lead, on one device (the checkpoint's parallel layout is undone)."""
+    # torch only here: the truth and the reference forecasts (a job each) run without it
+    import torch
+
+    from ..train.loading import load_trained
+
     cfg, task, model = load_trained(config, run, checkpoint, "forecast")
     trained = cfg.train.forecast.lead_hours
     outside = [h for h in lead_hours if not trained[0] <= h <= trained[-1]]

@@ -18,7 +18,7 @@ import torch
 import zarr
 from torch.utils.data import Dataset, Sampler
 
-from ..store import InputError
+from ..store import InputError, select_channels
 
 
 class DataError(InputError):
@@ -46,13 +46,6 @@ def _attrs(store: str | Path, group: str = "") -> dict:
 def _block_bytes(array: zarr.Array, channels: int) -> int:
     """Bytes of ``channels`` channels (axis 1) of every sample of ``array`` as float32."""
     return array.shape[0] * channels * int(np.prod(array.shape[2:])) * 4
-
-
-def select_channels(available: list[str], wanted: list[str], store: str | Path) -> list[int]:
-    missing = [c for c in wanted if c not in available]
-    if missing:
-        raise DataError(f"store {store} lacks channel(s) the model expects: {', '.join(missing)} (it has {', '.join(available)})")
-    return [available.index(c) for c in wanted]
 
 
 class ForecastDataset(Dataset):
