@@ -54,13 +54,20 @@ def test_dry_run_plans_the_demo_dag(tmp_path):
     assert job_counts(proc.stdout + proc.stderr) == DEMO_JOBS
 
 
+DEMO_CI = """
+era5: {demo_days: 60}
+model: {embed_dim: 32}
+train: {steps: 60, batch_size: 4, checkpoint_every: 30, val_every: 30}
+"""
+
+
 @pytest.mark.integration
 def test_demo_pipeline_produces_normalised_stores(tmp_path):
-    """The demo as `make demo` runs it, with 60 training steps instead of 150 and 60 days of
-    each synthetic year instead of 365 (CI's time; the full demo is timed in
-    benchmarks/results/demo_training.md)."""
+    """The demo as `make demo` runs it, cut for CI's time (the full demo is timed in
+    benchmarks/results/demo_training.md): 60 days of each synthetic year instead of 365, 60
+    training steps instead of 150, of a model half as wide on batches half as large."""
     short = tmp_path / "short.yaml"
-    short.write_text("era5:\n  demo_days: 60\ntrain:\n  steps: 60\n  checkpoint_every: 30\n  val_every: 30\n")
+    short.write_text(DEMO_CI)
     demo = [REPO / "config" / "demo.yaml", short]
     proc = snakemake(tmp_path, configfile=demo)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -123,7 +130,7 @@ def test_verification_experiment_on_the_demo_data(tmp_path):
     """`snakemake verify` (a named target, not part of `all`), demo-sized: four runs on the
     demo's ERA5 data and their verdict."""
     extra = tmp_path / "verify.yaml"
-    extra.write_text(DEMO_DAYS + "verify:\n  steps: 8\n")
+    extra.write_text(DEMO_DAYS + "model:\n  embed_dim: 32\nverify:\n  steps: 8\n")
     demo = REPO / "config" / "demo.yaml"
     missing = snakemake(tmp_path, "verify", "-n", configfile=demo)
     assert missing.returncode != 0 and "needs a 'verify' section" in missing.stderr + missing.stdout
