@@ -7,7 +7,7 @@
   only group r's channels (tokenizer and channel embedding) and partial aggregator, and
   the groups' tokens meet in one AllGather before the tensor-parallel final cross-attention.
 * Data parallelism over the "dp" mesh dimension: FSDP2 (``fully_shard``) or DDP (tp = 1).
-* Activation checkpointing of the ViT blocks and the final cross-attention.
+* Activation checkpointing of the ViT blocks.
 
 Replicated parameters are broadcast from rank 0 before anything is sharded, so every rank
 starts from the same weights whatever its RNG did.
@@ -90,9 +90,14 @@ def broadcast_parameters(model: nn.Module) -> None:
 
 
 def apply_activation_checkpointing(model: ChannelViT) -> None:
+    """Checkpoint the ViT blocks. The channel aggregation is left alone (the paper also
+    checkpoints its final cross-attention): its input must stay for its k/v projection's weight
+    gradient either way, and a checkpoint would hold that input until the input's gradient is
+    formed, undoing KeyValueProjection's early release — the TP baseline's per-rank peak at
+    T = 4 would be 52.4 instead of 44.4 MiB (benchmarks/results/tp_baseline_memory.md's
+    workload), while D-CHAG's is the same either way."""
     for i, block in enumerate(model.blocks):
         model.blocks[i] = checkpoint_wrapper(block)
-    model.final = checkpoint_wrapper(model.final)
 
 
 def apply_fsdp(model: ChannelViT, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None, reshard_after_forward: bool = True) -> None:
