@@ -150,14 +150,21 @@ class CrossAttention(nn.Module):
         # not two summed (the peak of the channel aggregation's backward).
         self.wkv = KeyValueProjection(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
+        # A (B, S, L, D) context is projected in place when the keys and values a device holds
+        # are narrower than the context (tensor parallelism sets this: 2D/T < D for T > 2); on
+        # one device they are twice as wide, and re-laying out the context is the smaller copy.
+        self.project_in_place = False
 
     def forward(self, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """query (N, Q, D); context (N, S, D), or (B, S, L, D) with N = B * L: a set of S tokens
-        at each of L locations, read in place -> (N, Q, D).
+        at each of L locations -> (N, Q, D).
 
-        The keys and values are projected in the context's own layout and only they (width
-        2D/T under tensor parallelism) are re-laid out for attention: no copy of the whole
-        context exists beside it (the channel aggregation's largest tensor)."""
+        With ``project_in_place`` the keys and values are projected in the context's own layout
+        and only they (width 2D/T under tensor parallelism) are re-laid out for attention: no
+        copy of the whole context exists beside it (the channel aggregation's largest tensor)."""
+        if context.dim() == 4 and not self.project_in_place:
+            b, s_len, l, d = context.shape
+            context = context.permute(0, 2, 1, 3).reshape(b * l, s_len, d)
         if context.dim() == 3:
             context = context.unsqueeze(2)
         b, s_len, l, _ = context.shape

@@ -57,6 +57,9 @@ def apply_tp(model: ChannelViT, tp_mesh: DeviceMesh) -> None:
     """Tensor-parallel final aggregation and ViT blocks (decoder and heads stay replicated)."""
     _check_heads(model, tp_mesh.size())
     parallelize_module(model.final, tp_mesh, _attention_plan("attn", "attn", inputs=2))
+    # each rank's keys and values are 2D/T wide: narrower than the context from T = 3 on (at
+    # T = 2 the two layouts hold the same, and re-laying out the context is faster on the CPU)
+    model.final.attn.project_in_place = tp_mesh.size() > 2
     for block in model.blocks:
         plan = _attention_plan("attn", "attn.inner", inputs=1)
         plan.update({"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()})
