@@ -35,7 +35,6 @@ def main() -> None:
     ap.add_argument("--other", required=True, help="src/ of the checkout to compare with")
     ap.add_argument("--label", default="before", help="name of the other checkout in the table")
     ap.add_argument("--output", default="benchmarks/results/tp_baseline_memory")
-    ap.add_argument("--note", default="", help="a line on what differs between the checkouts")
     args = ap.parse_args()
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -48,7 +47,6 @@ def main() -> None:
             print(rows[-1], flush=True)
     lines = ["# The TP baseline's per-rank peak memory against T", "",
              f"Command: `python benchmarks/tp_baseline_memory.py --other {args.other} --label '{args.label}'`  ",
-             *([args.note + "  "] if args.note else []),
              "Workload: width 64, depth 2, 4 heads, 32 x 64, patch 4, batch 2, fp32, no activation checkpointing; one "
              "training step (AdamW) under MemTracker, the most loaded rank, MiB; both checkouts measured in the same run.", "",
              f"| C | T | {args.label} MiB | this checkout MiB | ratio | {args.label}: vs T/2 | this: vs T/2 |",

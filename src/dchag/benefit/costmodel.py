@@ -243,8 +243,9 @@ class Workload:
         """Peak front-end activations, in token tensors (B, L, D) per channel. This package:
         p²/D for the batch as the tokenizer reads it (fitted: MemTracker's peaks of the TP
         baseline at T = 1, 2, 4 in benchmarks/results/tp_baseline_memory.md are 1.52 + 4/T
-        per channel), the patch matrix with its column of ones ((p² + 1)/D) and the tokens (1); the -L aggregation keeps the tokens for its weight gradient while it forms
-        their gradient (+1); a query aggregation (-C, the baseline's) holds its keys and values
+        per channel), the patch matrix with its column of ones ((p² + 1)/D) and the tokens (1);
+        the -L aggregation keeps the tokens for its weight gradient while it forms their
+        gradient (+1); a query aggregation (-C, the baseline's) holds its keys and values
         and their re-laid-out copy (``cross_copies``: 4, the width 2D), and releases its input
         before forming the input's gradient (layers.KeyValueProjection). Under TP the
         baseline's aggregation splits its keys and values over T, but its backward holds the
@@ -260,8 +261,8 @@ class Workload:
             extra = self.cross_copies if self.baseline_cross_copies is None else self.baseline_cross_copies
             kept = min(self.cross_replicated, extra)
             aggregate = kept + (extra - kept) / tp
-            if package and tp > 1:  # the tokens, or the two copies of their gradient
-                aggregate = max(1 + aggregate, 2) - 1
+            if package and tp > 1:  # or, beside the tokens' gradient, its all-reduced copy
+                aggregate = max(aggregate, 1.0)
         else:
             aggregate = 0.0
         return (inputs + tokens + aggregate) * channels * u
