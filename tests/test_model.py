@@ -89,10 +89,10 @@ def test_describe_model_cli():
         assert f" {n} " in lines[f"D-CHAG-L Tree{tree}"]
 
 
-def _aggregate_step(layer_cls, autocast: bool = False):
+def _aggregate_step(plain_linear: bool, autocast: bool = False):
     """One forward and backward of a query aggregation over (B, C, L, D) tokens made from a leaf
-    by a tokenizer-like op (which keeps none of them), with the k/v projection ``layer_cls``
-    (None: the model's own). Returns the peak memory (MiB) during the projection's backward,
+    by a tokenizer-like op (which keeps none of them), with a plain nn.Linear as the k/v
+    projection or the model's own. Returns the peak memory (MiB) during the projection's backward,
     the leaf's gradient and the aggregation's gradients."""
     from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
@@ -102,7 +102,7 @@ def _aggregate_step(layer_cls, autocast: bool = False):
     agg = QueryAggregator(16, 4)
     plain = torch.nn.Linear(16, 32)
     plain.load_state_dict(agg.attn.wkv.state_dict())
-    if layer_cls is torch.nn.Linear:
+    if plain_linear:
         agg.attn.wkv = plain
     with torch.no_grad():
         agg.query.normal_()
@@ -121,8 +121,8 @@ def _aggregate_step(layer_cls, autocast: bool = False):
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_key_value_projection_gradients_equal_a_linear_layer(autocast):
-    _, w_ref, ref = _aggregate_step(torch.nn.Linear, autocast)
-    _, w_got, got = _aggregate_step(None, autocast)
+    _, w_ref, ref = _aggregate_step(True, autocast)
+    _, w_got, got = _aggregate_step(False, autocast)
     tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w_got, w_ref, **tol)
     assert set(got) == set(ref)
@@ -134,7 +134,7 @@ def test_key_value_projection_releases_the_context_before_its_gradient():
     """The aggregation's context (B, C, L, D) and its gradient never coexist: the projection's
     backward peaks one context (2 x 64 x 128 x 16 fp32 = 1 MiB) lower than a plain linear
     layer's, which keeps the context until both its gradients exist."""
-    held_ref, _, _ = _aggregate_step(torch.nn.Linear)
-    held, _, _ = _aggregate_step(None)
+    held_ref, _, _ = _aggregate_step(True)
+    held, _, _ = _aggregate_step(False)
     context = 2 * 64 * 128 * 16 * 4 / 2**20
     assert held == pytest.approx(held_ref - context, abs=0.05 * context), (held, held_ref)
