@@ -5,13 +5,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= 2
+# torch goes in first, so that dchag's range (torch>=2.10 in pyproject.toml) is already met and
+# pip adds no other build: by default the CPU wheel of 2.13.0 (pip takes it from this machine's
+# disk and CI's; a bare `pip install -e .` into an empty venv would take a CUDA build of several
+# GB). A machine with its own torch: `pip install -e ".[test]"` into its environment instead.
+TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-quick clean
+.PHONY: demo test test-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "dchag needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
@@ -23,8 +29,13 @@ demo: $(STAMP)
 # (the Slurm test mostly waits on job states, so a third worker keeps both cores busy), the
 # end-to-end tests first (tests/conftest.py orders them; they share no state).
 # `make test-quick` leaves the end-to-end (integration) tests out.
-test: $(STAMP)
+test: lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist load --maxschedchunk 1
+
+# The Python linter and formatter (configured in pyproject.toml), as CI runs them before the tests.
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 
 test-quick: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 -m "not integration"

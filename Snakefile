@@ -33,4 +33,4 @@ include: "workflow/rules/paper.smk"
 rule all:
     default_target: True
     input:
-        all_outputs(),
+        P.all_outputs(),

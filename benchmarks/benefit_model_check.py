@@ -7,7 +7,8 @@ benchmarks/model_benchmark.py's measurements of the baseline TP and D-CHAG-L/-C 
 over channels and TP sizes, then the cost model's prediction of each configuration's step time
 and per-rank peak memory beside the measurement, with the relative error and its median.
 
-    python benchmarks/benefit_model_check.py --tp 1 2 4 --channels 64 256 1024 --output benchmarks/results/benefit_model_check
+    python benchmarks/benefit_model_check.py --tp 1 2 4 --channels 64 256 1024 \
+--output benchmarks/results/benefit_model_check
 """
 
 from __future__ import annotations
@@ -46,51 +47,124 @@ def main() -> None:
         hw_file = out.with_name(f"{out.name}_hw_tp{t}.yaml")
         # the demo config's model is the model benchmark's: width 64, depth 2, heads 4, 32x64 image, patch 4;
         # its efficiency is set on 128 channels, data-parallel layout: none of the checked configurations
-        subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", str(t), "-m", "dchag", "calibrate",
-                        "--config", str(REPO / "config" / "demo.yaml"), "--channels", "128", "--batch", "2", "--output",
-                        str(hw_file)], env=env, check=True)
+        subprocess.run(
+            [
+                str(bin_dir / "torchrun"),
+                "--standalone",
+                "--nproc-per-node",
+                str(t),
+                "-m",
+                "dchag",
+                "calibrate",
+                "--config",
+                str(REPO / "config" / "demo.yaml"),
+                "--channels",
+                "128",
+                "--batch",
+                "2",
+                "--output",
+                str(hw_file),
+            ],
+            env=env,
+            check=True,
+        )
         hws[t] = Hardware.from_yaml(hw_file)
     bench = out.with_name(out.name + "_measured")
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "model_benchmark.py"), "--tp", *map(str, args.tp),
-                    "--channels", *map(str, args.channels), "--steps", str(args.steps), "--output", str(bench)], env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "model_benchmark.py"),
+            "--tp",
+            *map(str, args.tp),
+            "--channels",
+            *map(str, args.channels),
+            "--steps",
+            str(args.steps),
+            "--output",
+            str(bench),
+        ],
+        env=env,
+        check=True,
+    )
     measured = json.loads(bench.with_suffix(".json").read_text())
     rows = []
     for r in measured["rows"]:
         kind, tree = r["variant"].split(" Tree") if " Tree" in r["variant"] else (r["variant"], "0")
         t = r["tp"]
-        w = Workload(channels=r["channels"], embed_dim=64, depth=2, num_heads=4, tokens=128, patch_size=4, batch=2,
-                     act_bytes=4, out_channels=3, tree=int(tree))
+        w = Workload(
+            channels=r["channels"],
+            embed_dim=64,
+            depth=2,
+            num_heads=4,
+            tokens=128,
+            patch_size=4,
+            batch=2,
+            act_bytes=4,
+            out_channels=3,
+            tree=int(tree),
+        )
         hw = hws[t]
         hw_t = Hardware(hw.alpha, hw.intra_bw, hw.inter_bw, gpus_per_node=max(t, 1))
         p = predict(w, hw_t, t, t, STRATEGY[kind], Compute.from_measured(hw.measured), tp=t)
         m_step, m_mem = r["model"]["step_seconds"], r["model"]["max_rank_total"]
-        rows.append({"variant": r["variant"], "channels": r["channels"], "tp": t, "measured_step_s": m_step, "predicted_step_s": p.step_s,
-                     "predicted_compute_s": p.compute_s, "predicted_comm_s": p.comm_s,
-                     "step_error": p.step_s / m_step - 1, "measured_mem_mib": m_mem, "predicted_mem_mib": p.memory_bytes / MIB,
-                     "mem_error": p.memory_bytes / MIB / m_mem - 1})
+        rows.append(
+            {
+                "variant": r["variant"],
+                "channels": r["channels"],
+                "tp": t,
+                "measured_step_s": m_step,
+                "predicted_step_s": p.step_s,
+                "predicted_compute_s": p.compute_s,
+                "predicted_comm_s": p.comm_s,
+                "step_error": p.step_s / m_step - 1,
+                "measured_mem_mib": m_mem,
+                "predicted_mem_mib": p.memory_bytes / MIB,
+                "mem_error": p.memory_bytes / MIB / m_mem - 1,
+            }
+        )
     med_step = statistics.median(abs(r["step_error"]) for r in rows)
     med_mem = statistics.median(abs(r["mem_error"]) for r in rows)
     cmd = "python benchmarks/benefit_model_check.py " + " ".join(sys.argv[1:])
     lines = [
-        "# Benefit model vs measurement (this machine: CPU, gloo)", "",
+        "# Benefit model vs measurement (this machine: CPU, gloo)",
+        "",
         f"Command: `{cmd}`  ",
         "Calibration: `dchag calibrate` with T processes for each T (files *_hw_tp{T}.yaml): "
-        + "; ".join(f"T={t}: α {h.alpha * 1e6:.0f} µs, {h.intra_bw / 1e9:.2f} GB/s, "
-                    f"{h.measured['compute']['flops_per_s'] / 1e9:.0f} GFLOP/s, {h.measured['compute']['mem_bw'] / 1e9:.1f} GB/s "
-                    f"(largest tensors), {h.measured['compute']['op_s'] * 1e6:.1f} µs/op, efficiency "
-                    f"{h.measured['compute']['efficiency']:.2f}" for t, h in hws.items())
+        + "; ".join(
+            f"T={t}: α {h.alpha * 1e6:.0f} µs, {h.intra_bw / 1e9:.2f} GB/s, "
+            f"{h.measured['compute']['flops_per_s'] / 1e9:.0f} GFLOP/s, "
+            f"{h.measured['compute']['mem_bw'] / 1e9:.1f} GB/s "
+            f"(largest tensors), {h.measured['compute']['op_s'] * 1e6:.1f} µs/op, efficiency "
+            f"{h.measured['compute']['efficiency']:.2f}"
+            for t, h in hws.items()
+        )
         + "; measurements: benchmarks/model_benchmark.py in the same run.  ",
-        f"Median |error|: step time {med_step:.1%}, peak memory per rank {med_mem:.1%} ({len(rows)} configurations).", "",
-        "| variant | C | T | step s measured | predicted (compute + comm) | error | memory MiB measured | predicted | error |",
+        f"Median |error|: step time {med_step:.1%}, peak memory per rank {med_mem:.1%} ({len(rows)} configurations).",
+        "",
+        "| variant | C | T | step s measured | predicted (compute + comm) | error | "
+        "memory MiB measured | predicted | error |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['variant']} | {r['channels']} | {r['tp']} | {r['measured_step_s']:.4f} | {r['predicted_step_s']:.4f} "
-                     f"({r['predicted_compute_s']:.4f} + {r['predicted_comm_s']:.4f}) | "
-                     f"{r['step_error']:+.0%} | {r['measured_mem_mib']:.1f} | {r['predicted_mem_mib']:.1f} | {r['mem_error']:+.0%} |")
+        lines.append(
+            f"| {r['variant']} | {r['channels']} | {r['tp']} | {r['measured_step_s']:.4f} | "
+            f"{r['predicted_step_s']:.4f} ({r['predicted_compute_s']:.4f} + {r['predicted_comm_s']:.4f}) | "
+            f"{r['step_error']:+.0%} | {r['measured_mem_mib']:.1f} | {r['predicted_mem_mib']:.1f} | "
+            f"{r['mem_error']:+.0%} |"
+        )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"command": cmd, "median_step_error": med_step, "median_memory_error": med_mem,
-                                                    "hardware": {t: f"{out.name}_hw_tp{t}.yaml" for t in hws}, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "command": cmd,
+                "median_step_error": med_step,
+                "median_memory_error": med_mem,
+                "hardware": {t: f"{out.name}_hw_tp{t}.yaml" for t in hws},
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     print("\n".join(lines))
 
 

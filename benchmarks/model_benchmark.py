@@ -40,7 +40,9 @@ MIB = 2**20
 
 
 def run_worker(args) -> None:
-    from dchag.model import ChannelViT, ModelConfig
+    from dchag.config import parallel_settings
+    from dchag.model import ChannelViT
+    from dchag.model.build import model_config_of
     from dchag.parallel import ParallelDims, init_distributed, parallelize_model
     from dchag.train.memory import step_peak
 
@@ -54,15 +56,23 @@ def run_worker(args) -> None:
         for label, aggregation, tree in VARIANTS:
             if tree and (channels // world) % tree:
                 continue
-            cfg = ModelConfig(
-                in_channels=channels, img_size=tuple(args.img), patch_size=args.patch, embed_dim=args.width,
-                depth=args.depth, num_heads=args.heads, aggregation=aggregation, tree=tree,
-                groups=world if aggregation != "baseline" else 1, task="forecast", out_channels=[0, 1, 2],
+            cfg = model_config_of(
+                in_channels=channels,
+                img_size=tuple(args.img),
+                patch_size=args.patch,
+                embed_dim=args.width,
+                depth=args.depth,
+                num_heads=args.heads,
+                aggregation=aggregation,
+                tree=tree,
+                groups=world if aggregation != "baseline" else 1,
+                task="forecast",
+                out_channels=[0, 1, 2],
             )
             torch.manual_seed(0)
             model = ChannelViT(cfg).to(device)
             strategy = "baseline" if aggregation == "baseline" else "dchag"
-            model = parallelize_model(model, dims, mesh, strategy=strategy)
+            model = parallelize_model(model, dims, mesh, parallel_settings(strategy=strategy))
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             ids = model.tokenizer.channel_ids
             g = torch.Generator().manual_seed(1)
@@ -98,8 +108,11 @@ def run_worker(args) -> None:
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 mem_t = torch.tensor(mem["total"], device=device)
                 dist.all_reduce(mem_t, op=dist.ReduceOp.MAX)
-                result[part] = {**{k: round(v, 2) for k, v in mem.items()}, "max_rank_total": round(float(mem_t), 2),
-                                "step_seconds": round(float(elapsed), 4)}
+                result[part] = {
+                    **{k: round(v, 2) for k, v in mem.items()},
+                    "max_rank_total": round(float(mem_t), 2),
+                    "step_seconds": round(float(elapsed), 4),
+                }
             if rank == 0:
                 print(json.dumps(result), flush=True)
                 rows.append(result)
@@ -110,10 +123,31 @@ def run_driver(args) -> None:
     rows = []
     for tp in args.tp:
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}", __file__, "--worker",
-            "--channels", *map(str, args.channels), "--img", *map(str, args.img), "--patch", str(args.patch),
-            "--width", str(args.width), "--depth", str(args.depth), "--heads", str(args.heads), "--batch", str(args.batch),
-            "--steps", str(args.steps), "--warmup", str(args.warmup),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={tp}",
+            __file__,
+            "--worker",
+            "--channels",
+            *map(str, args.channels),
+            "--img",
+            *map(str, args.img),
+            "--patch",
+            str(args.patch),
+            "--width",
+            str(args.width),
+            "--depth",
+            str(args.depth),
+            "--heads",
+            str(args.heads),
+            "--batch",
+            str(args.batch),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode:
@@ -122,11 +156,17 @@ def run_driver(args) -> None:
             if line.startswith("{"):
                 rows.append(json.loads(line))
                 r = rows[-1]
-                print(f"T={r['tp']} C={r['channels']:5d} {r['variant']:15s} front {r['front']['total']:9.1f} MiB "
-                      f"{r['front']['step_seconds']:.3f} s | model {r['model']['total']:9.1f} MiB {r['model']['step_seconds']:.3f} s", flush=True)
+                print(
+                    f"T={r['tp']} C={r['channels']:5d} {r['variant']:15s} front {r['front']['total']:9.1f} MiB "
+                    f"{r['front']['step_seconds']:.3f} s | model {r['model']['total']:9.1f} MiB "
+                    f"{r['model']['step_seconds']:.3f} s",
+                    flush=True,
+                )
     meta = {
         "command": "python " + " ".join(sys.argv),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {'CUDA' if torch.cuda.is_available() else 'CPU (gloo)'}",
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} cores, {'CUDA' if torch.cuda.is_available() else 'CPU (gloo)'}"
+        ),
         "torch": torch.__version__,
         "model": {k: getattr(args, k) for k in ("img", "patch", "width", "depth", "heads", "batch")},
     }
@@ -148,7 +188,8 @@ def table(rows: list[dict], meta: dict) -> str:
         "Memory: peak of one step on the most loaded rank, MiB (activations include temporaries). "
         "Ratios are against the baseline of the same C and T, measured in the same run.",
         "",
-        "| C | T | variant | front MiB | front vs base | front s | model MiB (params / grads / opt / act) | model vs base | step s | step vs base |",
+        "| C | T | variant | front MiB | front vs base | front s | model MiB (params / grads / opt / act) | "
+        "model vs base | step s | step vs base |",
         "|---:|---:|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
@@ -156,8 +197,10 @@ def table(rows: list[dict], meta: dict) -> str:
         f, m = r["front"], r["model"]
         split = " / ".join(f"{m.get(k, 0):.1f}" for k in ("parameters", "gradients", "optimizer", "activations"))
         lines.append(
-            f"| {r['channels']} | {r['tp']} | {r['variant']} | {f['max_rank_total']:.1f} | {f['max_rank_total'] / b['front']['max_rank_total']:.2f} | "
-            f"{f['step_seconds']:.3f} | {m['max_rank_total']:.1f} ({split}) | {m['max_rank_total'] / b['model']['max_rank_total']:.2f} | "
+            f"| {r['channels']} | {r['tp']} | {r['variant']} | {f['max_rank_total']:.1f} | "
+            f"{f['max_rank_total'] / b['front']['max_rank_total']:.2f} | "
+            f"{f['step_seconds']:.3f} | {m['max_rank_total']:.1f} ({split}) | "
+            f"{m['max_rank_total'] / b['model']['max_rank_total']:.2f} | "
             f"{m['step_seconds']:.3f} | {m['step_seconds'] / b['model']['step_seconds']:.2f} |"
         )
     return "\n".join(lines) + "\n"

@@ -123,11 +123,18 @@ def main() -> None:
         for steps in args.steps:
             for variant in variants:  # interleaved, side by side, on the same machine state
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--one", variant, method, str(steps)], capture_output=True, text=True, check=True
+                    [sys.executable, __file__, "--one", variant, method, str(steps)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 )
                 row = json.loads(proc.stdout.strip().splitlines()[-1])
                 rows.append(row)
-                print(f"{method:12s} {variant:12s} steps={steps:3d} {row['seconds']:7.2f} s  peak {row['peak_rss_mb']:8.1f} MB", flush=True)
+                print(
+                    f"{method:12s} {variant:12s} steps={steps:3d} {row['seconds']:7.2f} s  "
+                    f"peak {row['peak_rss_mb']:8.1f} MB",
+                    flush=True,
+                )
 
     meta = {
         "command": "python " + " ".join(sys.argv),

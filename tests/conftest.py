@@ -49,6 +49,27 @@ def era5_files(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """Tiny ERA5 train/val stores (10 daily steps each) made by the real preprocessing."""
+    raw = tmp_path_factory.mktemp("raw")
+    for year in (2001, 2002, 2003):
+        demo.write_year(raw, year, 3.75, [500, 850], days=12)
+    demo.write_constants(raw, 3.75)
+    from dchag.era5.preprocess import make_weights, preprocess_year
+    from dchag.era5.split import build_split
+    from dchag.era5.statistics import normalization_stats
+
+    cfg = small_era5_config(raw)
+    root = tmp_path_factory.mktemp("results")
+    make_weights(cfg["era5"], 2001, root / "w.nc")
+    years = {y: preprocess_year(cfg["era5"], y, root / "w.nc", root / f"y{y}.zarr") for y in (2001, 2002, 2003)}
+    stats = normalization_stats([years[2001]], root / "stats.json")
+    for split, y in (("train", 2001), ("val", 2002)):
+        build_split(split, [years[y]], stats, root / "era5" / f"{split}.zarr")
+    return root, cfg
+
+
 @pytest.fixture
 def era5_config(era5_files) -> dict:
     return copy.deepcopy(small_era5_config(era5_files))
@@ -61,10 +82,15 @@ def era5_config(era5_files) -> dict:
 # Slurm cluster, which mostly waits on job states, the GPU-check rehearsal), the next long ones
 # right after (the paper sweep, a user's config, the verification experiment, two "nodes"),
 # and every other test keeps its place behind them.
-LONGEST = ["test_demo_pipeline_produces_normalised_stores", "test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job",
-           "test_gpu_check_rehearses_on_the_cpu", "test_paper_sweep_measures_every_point_and_draws_its_figures",
-           "test_a_users_own_one_dataset_config_runs_through_training_and_scoring", "test_verification_experiment_on_the_demo_data",
-           "test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group"]
+LONGEST = [
+    "test_demo_pipeline_produces_normalised_stores",
+    "test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job",
+    "test_gpu_check_rehearses_on_the_cpu",
+    "test_paper_sweep_measures_every_point_and_draws_its_figures",
+    "test_a_users_own_one_dataset_config_runs_through_training_and_scoring",
+    "test_verification_experiment_on_the_demo_data",
+    "test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group",
+]
 FIRST_PAIRS = 3  # long tests placed one per initial pair (the workers of `make test`)
 
 

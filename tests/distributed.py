@@ -17,7 +17,9 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, fn, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
@@ -30,11 +32,22 @@ def _worker(rank: int, world_size: int, port: int, fn, args) -> None:
 # The ranks fork from one server process (per test process) that has imported torch and the
 # checks once; "spawn" would start every rank as a fresh interpreter, ~3-4 s of imports each.
 # (The server itself is started fresh and holds no threads or process group when it forks.)
-mp.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
-                           "torch.distributed.tensor.parallel", "dchag.model", "dchag.parallel", "parallel_checks"])
+mp.set_forkserver_preload(
+    [
+        "torch",
+        "torch.distributed",
+        "torch.distributed.tensor",
+        "torch.distributed.fsdp",
+        "torch.distributed.tensor.parallel",
+        "dchag.model",
+        "dchag.parallel",
+        "parallel_checks",
+    ]
+)
 
 
 def run_distributed(fn, world_size: int, *args) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; a failure on any rank fails."""
-    mp.start_processes(_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True,
-                       start_method="forkserver")
+    mp.start_processes(
+        _worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True, start_method="forkserver"
+    )

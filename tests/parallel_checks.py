@@ -12,17 +12,29 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dchag.config import parallel_settings
 from dchag.model import ChannelViT, ModelConfig
+from dchag.model.build import model_config_of
 from dchag.parallel import ParallelDims, parallelize_model
 
 RTOL = 1e-5
 
 
 def small_config(**kw) -> ModelConfig:
-    base = dict(in_channels=8, img_size=(8, 16), patch_size=4, embed_dim=16, depth=2, num_heads=4,
-                aggregation="linear", groups=2, task="forecast", out_channels=[0, 3])
+    base = dict(
+        in_channels=8,
+        img_size=(8, 16),
+        patch_size=4,
+        embed_dim=16,
+        depth=2,
+        num_heads=4,
+        aggregation="linear",
+        groups=2,
+        task="forecast",
+        out_channels=[0, 3],
+    )
     base.update(kw)
-    return ModelConfig(**base)
+    return model_config_of(**base)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -37,7 +49,10 @@ def close(a: torch.Tensor, b: torch.Tensor, what: str, rtol: float = RTOL) -> No
     err = (a - b).norm()
     if a.shape != b.shape or not err <= rtol * b.norm() + ATOL * b.numel() ** 0.5:
         rel = float(err / b.norm().clamp_min(1e-30))
-        raise AssertionError(f"{what}: relative error {rel:.3g}, |ref| {float(b.norm()):.3g} (shapes {tuple(a.shape)} vs {tuple(b.shape)})")
+        raise AssertionError(
+            f"{what}: relative error {rel:.3g}, |ref| {float(b.norm()):.3g} "
+            f"(shapes {tuple(a.shape)} vs {tuple(b.shape)})"
+        )
 
 
 def _batch(cfg: ModelConfig, batch: int = 2, seed: int = 1):
@@ -55,11 +70,13 @@ def _loss(model, x, lead, target):
     task = getattr(model, "module", model).cfg.task
     if task == "forecast":
         return ((model(x, lead) - target) ** 2).mean()
-    if task == "classify":
+    if task == "classification":
         return torch.nn.functional.cross_entropy(model(x), target)
     from dchag.model import random_masking
 
-    ids_keep, mask = random_masking(x.shape[0], getattr(model, "module", model).cfg.num_patches, 0.5, torch.Generator().manual_seed(3))
+    ids_keep, mask = random_masking(
+        x.shape[0], getattr(model, "module", model).cfg.num_patches, 0.5, torch.Generator().manual_seed(3)
+    )
     pred = model(x, ids_keep=ids_keep)
     return ((pred - target) ** 2).mean()
 
@@ -67,7 +84,7 @@ def _loss(model, x, lead, target):
 def _targets(cfg: ModelConfig, x, target):
     if cfg.task == "mae":
         return x
-    if cfg.task == "classify":
+    if cfg.task == "classification":
         return torch.arange(x.shape[0]) % cfg.num_classes
     return target
 
@@ -81,13 +98,15 @@ def check_tp_matches_one_device(rank: int, world: int, strategy: str, cases: lis
         cfg = small_config(**case)
         torch.manual_seed(0)
         reference = ChannelViT(cfg)
-        model = parallelize_model(copy.deepcopy(reference), dims, mesh, strategy=strategy)
+        model = parallelize_model(copy.deepcopy(reference), dims, mesh, parallel_settings(strategy=strategy))
         x, lead, target = _batch(cfg)
 
         ids = model.tokenizer.channel_ids
         if strategy == "dchag":
             lo, hi = reference.groups[rank]
-            assert ids.tolist() == list(range(lo, hi)), f"rank {rank} holds channels {ids.tolist()}, expected {lo}..{hi - 1}"
+            assert ids.tolist() == list(range(lo, hi)), (
+                f"rank {rank} holds channels {ids.tolist()}, expected {lo}..{hi - 1}"
+            )
         # The rank's input is chosen by the channel ids its tokenizer holds; a hook proves the
         # tokenizer saw exactly those channels (each channel filled with its own index).
         seen = {}
@@ -119,9 +138,15 @@ def check_tp_matches_one_device(rank: int, world: int, strategy: str, cases: lis
                 ref_grad = ref_grad[ids]
             close(p.grad, ref_grad, f"{case} grad of {name}")
             names.add(name)
-        expected = {n for n in ref_params if (strategy == "baseline" or not n.startswith("partial.") or n.startswith(f"partial.{rank}."))
-                    and ref_params[n].requires_grad}
-        assert names >= expected and all(not ref_params[n].requires_grad for n in names - expected), sorted(names ^ expected)
+        expected = {
+            n
+            for n in ref_params
+            if (strategy == "baseline" or not n.startswith("partial.") or n.startswith(f"partial.{rank}."))
+            and ref_params[n].requires_grad
+        }
+        assert names >= expected and all(not ref_params[n].requires_grad for n in names - expected), sorted(
+            names ^ expected
+        )
         # Clipping by the global norm: the parallel model's norm is the one-device model's
         # (each parameter counted once), and so are the clipped gradients.
         from dchag.parallel.parallelize import clip_grad_norm_
@@ -131,7 +156,11 @@ def check_tp_matches_one_device(rank: int, world: int, strategy: str, cases: lis
         close(norm, ref_norm.double(), f"{case} gradient norm")
         for name, p in model.named_parameters():
             if p.grad is not None:
-                ref_grad = ref_params[name].grad[ids] if name.startswith("tokenizer.") and strategy == "dchag" else ref_params[name].grad
+                ref_grad = (
+                    ref_params[name].grad[ids]
+                    if name.startswith("tokenizer.") and strategy == "dchag"
+                    else ref_params[name].grad
+                )
                 close(p.grad, ref_grad, f"{case} clipped grad of {name}")
 
 
@@ -161,7 +190,7 @@ def check_communication(rank: int, world: int, strategy: str) -> None:
     mesh = dims.build_mesh("cpu")
     cfg = small_config(in_channels=12, groups=world, aggregation="linear" if strategy == "dchag" else "baseline")
     torch.manual_seed(0)
-    model = parallelize_model(ChannelViT(cfg), dims, mesh, strategy=strategy)
+    model = parallelize_model(ChannelViT(cfg), dims, mesh, parallel_settings(strategy=strategy))
     x, lead, target = _batch(cfg, batch=3)
     ids = model.tokenizer.channel_ids
     log = CollectiveLog()
@@ -191,7 +220,7 @@ def check_data_parallel_step(rank: int, world: int, tp: int, dp_mode: str, strat
     cfg = small_config(in_channels=8, groups=tp if strategy == "dchag" else 1, aggregation=aggregation)
     torch.manual_seed(0)
     reference = ChannelViT(cfg)
-    model = parallelize_model(copy.deepcopy(reference), dims, mesh, strategy=strategy)
+    model = parallelize_model(copy.deepcopy(reference), dims, mesh, parallel_settings(strategy=strategy))
     core = model.module if hasattr(model, "module") else model
     x, lead, target = _batch(cfg, batch=2 * dims.dp, seed=5)
     dp_rank = mesh["dp"].get_local_rank()
@@ -225,8 +254,10 @@ def check_activation_checkpointing(rank: int, world: int) -> None:
     cfg = small_config(groups=world)
     torch.manual_seed(0)
     base = ChannelViT(cfg)
-    plain = parallelize_model(copy.deepcopy(base), dims, mesh, strategy="dchag")
-    recomputed = parallelize_model(copy.deepcopy(base), dims, mesh, strategy="dchag", activation_checkpointing=True)
+    plain = parallelize_model(copy.deepcopy(base), dims, mesh, parallel_settings(strategy="dchag"))
+    recomputed = parallelize_model(
+        copy.deepcopy(base), dims, mesh, parallel_settings(strategy="dchag", activation_checkpointing=True)
+    )
     x, lead, target = _batch(cfg)
     ids = plain.tokenizer.channel_ids
     for m in (plain, recomputed):
@@ -241,17 +272,21 @@ def check_checkpoint_exports(rank: int, world: int, strategy: str, directory: st
     """Save a parallelized model's training checkpoint and, on rank 0, its output on a fixed
     batch, for the one-device export test."""
     from dchag.train import checkpoint as ckpt
+    from dchag.train import state
 
     cfg = small_config(**cfg_kw)
     dims = ParallelDims(tp=world, dp_mode="none", world_size=world)
     mesh = dims.build_mesh("cpu")
     torch.manual_seed(3)
-    model = parallelize_model(ChannelViT(cfg), dims, mesh, strategy=strategy)
+    model = parallelize_model(ChannelViT(cfg), dims, mesh, parallel_settings(strategy=strategy))
     opt = torch.optim.AdamW(model.parameters())
     ids = model.tokenizer.channel_ids
     x, lead, _ = _batch(cfg)
     with torch.no_grad():
-        out = model(x[:, int(ids[0]):int(ids[-1]) + 1], lead)
-    ckpt.save(ckpt.state(model, opt, {"step": 1}), f"{directory}/final")
+        out = model(x[:, int(ids[0]) : int(ids[-1]) + 1], lead)
+    ckpt.save(
+        ckpt.flatten({"model": state.ModelState(model), "optim": state.OptimizerState(model, opt)}),
+        f"{directory}/final",
+    )
     if rank == 0:
         torch.save({"x": x, "lead": lead, "out": full(out)}, f"{directory}/reference.pt")

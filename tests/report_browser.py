@@ -29,7 +29,13 @@ def _driver():
 
     opts = Options()
     opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1600,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1600,1000",
+    ):
         opts.add_argument(arg)
     return webdriver.Chrome(service=Service(chromedriver), options=opts)
 
@@ -51,13 +57,23 @@ def figures_shown(report: Path) -> list[str]:
     shown = []
     try:
         driver.get(Path(report).resolve().as_uri())
-        _wait(lambda: driver.execute_script("return document.querySelector('#app') && document.querySelector('#app').children.length > 0"))
-        categories = driver.execute_script("return Object.fromEntries(Object.entries(categories).map(([c, s]) => [c, Object.keys(s)]))")
+        _wait(
+            lambda: driver.execute_script(
+                "return document.querySelector('#app') && document.querySelector('#app').children.length > 0"
+            )
+        )
+        categories = driver.execute_script(
+            "return Object.fromEntries(Object.entries(categories).map(([c, s]) => [c, Object.keys(s)]))"
+        )
         for category, subcategories in categories.items():
             for sub in subcategories:
                 # The menu: category, then subcategory (a single-subcategory category opens directly).
                 driver.execute_script("app.setView({navbarMode: 'menu'})")
-                top = _wait(lambda: driver.find_elements(By.XPATH, f"//a[normalize-space()='{category}' or normalize-space()='Results']"))
+                top = _wait(
+                    lambda: driver.find_elements(
+                        By.XPATH, f"//a[normalize-space()='{category}' or normalize-space()='Results']"
+                    )
+                )
                 if all(a.text.strip() == "Results" for a in top):  # a report with one category lists it under "Results"
                     top[0].click()
                 _wait(lambda: driver.find_elements(By.XPATH, f"//a[normalize-space()='{category}']"))[0].click()
@@ -70,9 +86,17 @@ def figures_shown(report: Path) -> list[str]:
                     if ".png" not in row.text:
                         continue
                     row.find_element(By.TAG_NAME, "a").click()
-                    img = _wait(lambda: [im for im in driver.find_elements(By.TAG_NAME, "img")
-                                         if driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0"
-                                                               " && arguments[0].src.startsWith('data:image/png')", im)])
+                    img = _wait(
+                        lambda: [
+                            im
+                            for im in driver.find_elements(By.TAG_NAME, "img")
+                            if driver.execute_script(
+                                "return arguments[0].complete && arguments[0].naturalWidth > 0"
+                                " && arguments[0].src.startsWith('data:image/png')",
+                                im,
+                            )
+                        ]
+                    )
                     if img:
                         name = driver.execute_script("return results[app.state.resultPath].name")
                         shown.append(name)

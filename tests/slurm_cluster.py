@@ -96,9 +96,25 @@ def cluster(state: Path):
     env = {**os.environ, "MUNGE_SOCKET": str(socket_path)}
     procs = []
     try:
-        procs.append(subprocess.Popen(["munged", "-F", "--force", "--socket", str(socket_path), "--pid-file", str(state / "munged.pid"),
-                                       "--log-file", str(state / "munged.log"), "--seed-file", str(state / "munged.seed")],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "munged",
+                    "-F",
+                    "--force",
+                    "--socket",
+                    str(socket_path),
+                    "--pid-file",
+                    str(state / "munged.pid"),
+                    "--log-file",
+                    str(state / "munged.log"),
+                    "--seed-file",
+                    str(state / "munged.seed"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
+        )
         _wait(lambda: socket_path.exists(), "munged's socket")
         # Slurm's munge plugins use the default socket path; point it at ours.
         default = Path("/run/munge/munge.socket.2")
@@ -107,10 +123,19 @@ def cluster(state: Path):
         if default.is_symlink() or default.exists():
             default.unlink()
         default.symlink_to(socket_path)
-        procs.append(subprocess.Popen(["slurmctld", "-D", "-i"], env=env, stdout=open(state / "ctld.out", "w"), stderr=subprocess.STDOUT))
-        procs.append(subprocess.Popen(["slurmd", "-D"], env=env, stdout=open(state / "d.out", "w"), stderr=subprocess.STDOUT))
-        _wait(lambda: "idle" in subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout,
-              "the node to become idle", state)
+        procs.append(
+            subprocess.Popen(
+                ["slurmctld", "-D", "-i"], env=env, stdout=open(state / "ctld.out", "w"), stderr=subprocess.STDOUT
+            )
+        )
+        procs.append(
+            subprocess.Popen(["slurmd", "-D"], env=env, stdout=open(state / "d.out", "w"), stderr=subprocess.STDOUT)
+        )
+        _wait(
+            lambda: "idle" in subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout,
+            "the node to become idle",
+            state,
+        )
         yield host
     finally:
         for p in reversed(procs):
@@ -134,5 +159,7 @@ def _wait(cond, what: str, state: Path | None = None, timeout: float = 60) -> No
         time.sleep(0.5)
     logs = ""
     if state:
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(state.glob("*.log")) + sorted(state.glob("*.out")))
+        logs = "\n".join(
+            f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(state.glob("*.log")) + sorted(state.glob("*.out"))
+        )
     raise RuntimeError(f"Slurm test cluster: timed out waiting for {what}\n{logs}")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from dchag.benefit import hardware as hwm
 from dchag.benefit.advise import advise, article
 from dchag.benefit.calibrate import fit
@@ -49,8 +49,30 @@ def test_seed_article_worked_example():
 
 def test_article_mode_cli_writes_json(tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert main(["advise", "--alpha", "50e-6", "--intra-bw", "200e9", "--inter-bw", "12.5e9", "--gradient-bytes", "200e6",
-                 "--compute-s", "0.18", "--gpus", "16", "--gpus-per-node", "4", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "advise",
+                "--alpha",
+                "50e-6",
+                "--intra-bw",
+                "200e9",
+                "--inter-bw",
+                "12.5e9",
+                "--gradient-bytes",
+                "200e6",
+                "--compute-s",
+                "0.18",
+                "--gpus",
+                "16",
+                "--gpus-per-node",
+                "4",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     d = json.loads(out.read_text())
     assert d["R"] > 0.05 and d["recommendation"] == "hierarchical"
     assert main(["advise", "--alpha", "50e-6", "--gpus", "16", "--gpus-per-node", "4", "--gradient-bytes", "1"]) == 2
@@ -74,7 +96,9 @@ def test_advice_table_regimes_and_memory():
     assert rows["dchag-l"]["comm_inter_s"] > 0  # data parallelism between the two nodes
     # A tiny model on a fast network: compute-bound, nothing beats data parallelism by 5 %.
     small = Workload(channels=4, embed_dim=64, depth=2, num_heads=4, tokens=128, patch_size=4, batch=2)
-    res = advise(small, hwm.Hardware(5e-6, 200e9, 50e9, 8), 8, 8, rate=1e9, strategies=("dp", "fsdp-zero2", "compress-fp16"))
+    res = advise(
+        small, hwm.Hardware(5e-6, 200e9, 50e9, 8), 8, 8, rate=1e9, strategies=("dp", "fsdp-zero2", "compress-fp16")
+    )
     assert res["regime"] == "compute-bound" and res["recommendation"] == "dp"
     # Rotation computes less per step but changes the training: the advice says to check it.
     many = Workload(channels=256, embed_dim=64, depth=2, num_heads=4, tokens=128, patch_size=4, batch=2)
@@ -94,21 +118,56 @@ def test_fit_recovers_alpha_and_bandwidth():
 def test_calibrate_on_a_gloo_group_then_advise(tmp_path):
     out = tmp_path / "hw.yaml"
     torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dchag", "calibrate", "--config",
-                           str(REPO / "config" / "demo.yaml"), "--batch", "2", "--repeats", "3", "--output", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "dchag",
+            "calibrate",
+            "--config",
+            str(REPO / "config" / "demo.yaml"),
+            "--batch",
+            "2",
+            "--repeats",
+            "3",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     prof = yaml.safe_load(out.read_text())
     assert prof["alpha"] > 0 and prof["intra_bw"] > 0 and prof["gpus_per_node"] == 2
     assert prof["measured"]["backend"] == "gloo" and prof["measured"]["compute"]["flops_per_s"] > 1e8
     assert len(prof["measured"]["collectives"]["intra"]["all_reduce"]["points"]) >= 5
-    assert main(["advise", "--hardware", str(out), "--model", str(REPO / "config" / "demo.yaml"), "--gpus", "2",
-                 "--gpus-per-node", "2", "--output", str(tmp_path / "a.json")]) == 0
+    assert (
+        main(
+            [
+                "advise",
+                "--hardware",
+                str(out),
+                "--model",
+                str(REPO / "config" / "demo.yaml"),
+                "--gpus",
+                "2",
+                "--gpus-per-node",
+                "2",
+                "--output",
+                str(tmp_path / "a.json"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "a.json").read_text())["recommendation"] in STRATEGIES
 
 
 def test_memory_model_predicts_the_papers_table_within_25_percent():
-    from dchag.benefit.paper import compare
+    from dchag.paper.table import compare
 
     rows = compare()
     assert len(rows) == 15
@@ -130,11 +189,23 @@ def test_compute_model_counts_match_the_model_it_describes(aggregation, tree):
     from dchag.benefit.costmodel import compute_seconds
     from dchag.benefit.hardware import Compute
     from dchag.benefit.trace import count
-    from dchag.model import ChannelViT, ModelConfig
+    from dchag.model import ChannelViT
+    from dchag.model.build import model_config_of
 
     c, groups, b = 24, (1 if aggregation == "baseline" else 4), 3
-    cfg = ModelConfig(in_channels=c, img_size=(16, 48), patch_size=4, embed_dim=48, depth=3, num_heads=4, aggregation=aggregation,
-                      groups=groups, tree=tree, task="forecast", out_channels=[0, 1])
+    cfg = model_config_of(
+        in_channels=c,
+        img_size=(16, 48),
+        patch_size=4,
+        embed_dim=48,
+        depth=3,
+        num_heads=4,
+        aggregation=aggregation,
+        groups=groups,
+        tree=tree,
+        task="forecast",
+        out_channels=[0, 1],
+    )
     torch.manual_seed(0)
     model = ChannelViT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -147,8 +218,18 @@ def test_compute_model_counts_match_the_model_it_describes(aggregation, tree):
 
     step()  # AdamW's state exists from here on
     real = count(step)
-    w = Workload(channels=c, embed_dim=48, depth=3, num_heads=4, tokens=cfg.num_patches, patch_size=4, batch=b, act_bytes=4,
-                 out_channels=2, tree=tree)
+    w = Workload(
+        channels=c,
+        embed_dim=48,
+        depth=3,
+        num_heads=4,
+        tokens=cfg.num_patches,
+        patch_size=4,
+        batch=b,
+        act_bytes=4,
+        out_channels=2,
+        tree=tree,
+    )
     params = sum(p.numel() for p in model.parameters())
     assert w.params(aggregation, groups) == pytest.approx(params, rel=0.02)
     parts = w.step_work(c, aggregation, groups, 1, groups, params)
@@ -161,7 +242,9 @@ def test_compute_model_counts_match_the_model_it_describes(aggregation, tree):
     # and the time adds up those counts at the given rates: FLOP-only when nothing else is known
     assert compute_seconds(parts, 1e9) == pytest.approx(total["flops"] / 1e9)
     rates = Compute(1e12, mem_bw=1e9, op_s=1e-5)
-    expected = total["flops"] / 1e12 + (total["mm_bytes"] + total["bytes"]) / 1e9 + (total["ops"] + total["views"]) * 1e-5
+    expected = (
+        total["flops"] / 1e12 + (total["mm_bytes"] + total["bytes"]) / 1e9 + (total["ops"] + total["views"]) * 1e-5
+    )
     assert compute_seconds(parts, rates) == pytest.approx(expected)
 
 
@@ -185,8 +268,19 @@ def _training_logs(run: Path, step_ms: float, val_loss: float, steps: int = 12) 
         log.append({"step": step, "loss": 1.0, "val_loss": val_loss if step == steps else None})
         for rank in (0, 1):
             t = step_ms / 1e3 / 4
-            ranks.append({"step": step, "rank": rank, "samples_per_s": 1.0, "peak_mem_mib": 10.0 + rank, "t_data": t,
-                          "t_forward": t, "t_backward": t, "t_optimizer": t, "t_comm": t / 2})
+            ranks.append(
+                {
+                    "step": step,
+                    "rank": rank,
+                    "samples_per_s": 1.0,
+                    "peak_mem_mib": 10.0 + rank,
+                    "t_data": t,
+                    "t_forward": t,
+                    "t_backward": t,
+                    "t_optimizer": t,
+                    "t_comm": t / 2,
+                }
+            )
 
 
 def test_verification_verdicts_with_repeats(tmp_path):
@@ -194,8 +288,13 @@ def test_verification_verdicts_with_repeats(tmp_path):
     inconclusive; a validation loss more than `tolerance` worse is a no whatever the speed."""
     from dchag.benefit.verify import summarize
 
-    plan = {"verify-dp": ([100, 100], 1.0), "verify-compress": ([80, 82], 1.01), "verify-fixed-group": ([96, 98], 1.0),
-            "verify-dchag-l": ([90, 99], 1.0), "verify-rotation": ([70, 71], 1.2)}
+    plan = {
+        "verify-dp": ([100, 100], 1.0),
+        "verify-compress": ([80, 82], 1.01),
+        "verify-fixed-group": ([96, 98], 1.0),
+        "verify-dchag-l": ([90, 99], 1.0),
+        "verify-rotation": ([70, 71], 1.2),
+    }
     runs = {}
     for name, (times, val) in plan.items():
         for i, ms in enumerate(times, 1):
@@ -203,12 +302,17 @@ def test_verification_verdicts_with_repeats(tmp_path):
             runs[f"{name}-r{i}"] = tmp_path / f"{name}-r{i}"
     df = summarize(runs).set_index("run")
     assert list(df.index) == list(plan) and (df.repeats == 2).all() and (df.steps == 12).all()
-    assert df.step_s["verify-compress"] == pytest.approx(0.081) and df.step_s_max["verify-dchag-l"] == pytest.approx(0.099)
+    assert df.step_s["verify-compress"] == pytest.approx(0.081) and df.step_s_max["verify-dchag-l"] == pytest.approx(
+        0.099
+    )
     assert df.peak_mem_mib_max_rank["verify-dp"] == 11.0
     assert dict(df.verdict) == {
-        "verify-dp": "reference", "verify-compress": "adopt", "verify-fixed-group": "no: step time not 5% lower",
+        "verify-dp": "reference",
+        "verify-compress": "adopt",
+        "verify-fixed-group": "no: step time not 5% lower",
         "verify-dchag-l": "inconclusive: the step-time change crosses -5% over the repeats",
-        "verify-rotation": "no: validation loss 5%+ worse"}
+        "verify-rotation": "no: validation loss 5%+ worse",
+    }
     # one repeat: the median rule alone
     single = summarize({k: v for k, v in runs.items() if k.endswith("-r1")}).set_index("run")
     assert single.verdict["verify-dchag-l"] == "adopt" and single.repeats.eq(1).all()

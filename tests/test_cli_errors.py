@@ -14,12 +14,21 @@ from dchag import cli
 from dchag.errors import DchagError
 
 MISSING = "/nonexistent/dchag-test"
-HSI_ONLY = {"name": "t", "hsi": {"demo": True, "classification": {"image": f"{MISSING}/scene.mat", "labels": f"{MISSING}/gt.mat"}}}
+HSI_ONLY = {
+    "name": "t",
+    "hsi": {"demo": True, "classification": {"image": f"{MISSING}/scene.mat", "labels": f"{MISSING}/gt.mat"}},
+}
 BAD_MODEL = {**HSI_ONLY, "model": {"embed_dim": 30, "num_heads": 4}}
-ERA5 = {"name": "t", "era5": {"demo": True, "inputs": [f"{MISSING}/pl_{{year}}.nc"],
-                              "years": {"train": [2001], "val": [2002], "test": [2003]},
-                              "channels": {"single_level": ["2m_temperature"]}}}
-RUNS = {**HSI_ONLY, "train": {"runs": {"a": {"task": "classify"}}}}
+ERA5 = {
+    "name": "t",
+    "era5": {
+        "demo": True,
+        "inputs": [f"{MISSING}/pl_{{year}}.nc"],
+        "years": {"train": [2001], "val": [2002], "test": [2003]},
+        "channels": {"single_level": ["2m_temperature"]},
+    },
+}
+RUNS = {**HSI_ONLY, "train": {"runs": {"a": {"task": "classification"}}}}
 
 
 def _cases(tmp):
@@ -28,41 +37,170 @@ def _cases(tmp):
     return {
         "demo-era5": ["--config", f"{MISSING}/config.yaml", "--outdir", str(tmp)],
         "era5-weights": ["--config", cfg(HSI_ONLY), "--year", "2001", "--output", str(tmp / "w.nc")],
-        "era5-year": ["--config", cfg(ERA5), "--year", "2001", "--weights", f"{MISSING}/w.nc", "--output", str(tmp / "y.zarr")],
-        "era5-stats": ["--config", cfg(ERA5), "--output", str(tmp / "s.json"), f"{MISSING}/2001.zarr"],
-        "era5-split": ["--config", cfg(ERA5), "--split", "train", "--stats", f"{MISSING}/s.json", "--output",
-                       str(tmp / "train.zarr"), f"{MISSING}/2001.zarr"],
-        "era5-climatology": ["--config", cfg(ERA5), "--output", str(tmp / "c.zarr"), f"{MISSING}/2001.zarr"],
+        "era5-year": [
+            "--config",
+            cfg(ERA5),
+            "--year",
+            "2001",
+            "--weights",
+            f"{MISSING}/w.nc",
+            "--output",
+            str(tmp / "y.zarr"),
+        ],
+        "era5-year-stats": ["--config", cfg(ERA5), "--output", str(tmp / "s.json"), f"{MISSING}/2001.zarr"],
+        "era5-stats": ["--config", cfg(ERA5), "--output", str(tmp / "s.json"), f"{MISSING}/2001.json"],
+        "era5-split-part": [
+            "--config",
+            cfg(ERA5),
+            "--split",
+            "train",
+            "--year",
+            "2001",
+            "--stats",
+            f"{MISSING}/s.json",
+            "--output",
+            str(tmp / "part.zarr"),
+            f"{MISSING}/2001.zarr",
+        ],
+        "era5-split": [
+            "--config",
+            cfg(ERA5),
+            "--split",
+            "train",
+            "--stats",
+            f"{MISSING}/s.json",
+            "--output",
+            str(tmp / "train.zarr"),
+            "--parts",
+            f"{MISSING}/part.zarr",
+            "--years",
+            f"{MISSING}/2001.zarr",
+        ],
+        "era5-climatology-part": [
+            "--config",
+            cfg(ERA5),
+            "--part",
+            "1",
+            "--parts",
+            "1",
+            "--output",
+            str(tmp / "p.zarr"),
+            f"{MISSING}/2001.zarr",
+        ],
+        "era5-climatology": ["--config", cfg(ERA5), "--output", str(tmp / "c.zarr"), f"{MISSING}/1.zarr"],
         "regrid": [f"{MISSING}/in.nc", "--grid", "5.625", "--output", str(tmp / "out.nc")],
         "demo-hsi": ["--outdir", str(tmp / "hsi"), "--images", "0"],
-        "preprocess-hsi": [f"{MISSING}/Indian_pines_corrected.mat", "--labels", f"{MISSING}/gt.mat", "--output", str(tmp / "p.zarr")],
+        "preprocess-hsi": [
+            f"{MISSING}/Indian_pines_corrected.mat",
+            "--labels",
+            f"{MISSING}/gt.mat",
+            "--output",
+            str(tmp / "p.zarr"),
+        ],
         "train": ["--config", cfg(RUNS), "--run-name", "nope", "--output", str(tmp / "run")],
         "launch-train": ["--config", cfg(RUNS), "--run-name", "nope", "--output", str(tmp / "run")],
         "train-summary": [f"{MISSING}/log.csv", "--output", str(tmp / "summary.csv")],
-        "describe-model": ["--config", cfg(BAD_MODEL), "--task", "classify", "--num-classes", "3"],
+        "describe-model": ["--config", cfg(BAD_MODEL), "--task", "classification", "--num-classes", "3"],
         "download-era5": ["--config", cfg(HSI_ONLY), "--year", "2001", "--output", str(tmp / "d.nc")],
         "era5-truth": ["--data", f"{MISSING}/test.zarr", "--variables", "z500", "--output", str(tmp / "truth.zarr")],
-        "forecast": ["--config", cfg(RUNS), "--run-name", "nope", "--checkpoint", f"{MISSING}/final", "--data",
-                     f"{MISSING}/test.zarr", "--lead-hours", "24", "--output", str(tmp / "f.zarr")],
-        "baseline-forecast": ["--kind", "persistence", "--data", f"{MISSING}/test.zarr", "--variables", "z500",
-                              "--lead-hours", "24", "--output", str(tmp / "p.zarr")],
-        "score": ["--forecast", f"{MISSING}/f.zarr", "--truth", f"{MISSING}/t.zarr", "--convention", "wb2",
-                  "--output", str(tmp / "s.csv")],
-        "compare-scores": ["--baseline", f"{MISSING}/a.csv", "--candidate", f"{MISSING}/b.csv", "--output", str(tmp / "c.csv")],
+        "forecast": [
+            "--config",
+            cfg(RUNS),
+            "--run-name",
+            "nope",
+            "--checkpoint",
+            f"{MISSING}/final",
+            "--data",
+            f"{MISSING}/test.zarr",
+            "--lead-hours",
+            "24",
+            "--output",
+            str(tmp / "f.zarr"),
+        ],
+        "baseline-forecast": [
+            "--kind",
+            "persistence",
+            "--data",
+            f"{MISSING}/test.zarr",
+            "--variables",
+            "z500",
+            "--lead-hours",
+            "24",
+            "--output",
+            str(tmp / "p.zarr"),
+        ],
+        "score": [
+            "--forecast",
+            f"{MISSING}/f.zarr",
+            "--truth",
+            f"{MISSING}/t.zarr",
+            "--convention",
+            "wb2",
+            "--output",
+            str(tmp / "s.csv"),
+        ],
+        "compare-scores": [
+            "--baseline",
+            f"{MISSING}/a.csv",
+            "--candidate",
+            f"{MISSING}/b.csv",
+            "--output",
+            str(tmp / "c.csv"),
+        ],
         "score-recon": ["--truth", f"{MISSING}/t.npy", "--pred", f"{MISSING}/p.npy", "--output", str(tmp / "r.json")],
-        "evaluate-mae": ["--config", cfg(RUNS), "--run-name", "a", "--checkpoint", f"{MISSING}/final",
-                         "--output", str(tmp / "m.json"), "--samples", str(tmp / "m.npz")],
-        "evaluate-classify": ["--config", cfg(RUNS), "--run-name", "a", "--checkpoint", f"{MISSING}/final",
-                              "--output", str(tmp / "c.json"), "--per-class", str(tmp / "c.csv"), "--map", str(tmp / "c.npz")],
+        "evaluate-mae": [
+            "--config",
+            cfg(RUNS),
+            "--run-name",
+            "a",
+            "--checkpoint",
+            f"{MISSING}/final",
+            "--output",
+            str(tmp / "m.json"),
+            "--samples",
+            str(tmp / "m.npz"),
+        ],
+        "evaluate-classification": [
+            "--config",
+            cfg(RUNS),
+            "--run-name",
+            "a",
+            "--checkpoint",
+            f"{MISSING}/final",
+            "--output",
+            str(tmp / "c.json"),
+            "--per-class",
+            str(tmp / "c.csv"),
+            "--map",
+            str(tmp / "c.npz"),
+        ],
         "hsi-scores": [f"{MISSING}/recon.json", "--output", str(tmp / "h.csv")],
         "calibrate": ["--config", f"{MISSING}/config.yaml", "--output", str(tmp / "hw.yaml")],
         "advise": ["--gpus", "8", "--gpus-per-node", "4"],
         "verify-report": [f"verify-dp={MISSING}/run", "--output", str(tmp / "v.csv"), "--figure", str(tmp / "v.png")],
         "install-profile": ["slurm", "--dest", str(profile)],
         "figure": ["loss-curves", f"{MISSING}/log.csv", "--output", str(tmp / "f.png")],
-        "paper-point": ["--config", cfg({**RUNS, "paper": {"sweeps": {"tree": [{"variant": "dchag-l"}]}}}), "--point", "nope",
-                        "--output", str(tmp / "p.json")],
+        "paper-point": [
+            "--config",
+            cfg({**RUNS, "paper": {"sweeps": {"tree": [{"variant": "dchag-l"}]}}}),
+            "--point",
+            "nope",
+            "--output",
+            str(tmp / "p.json"),
+        ],
         "paper-figure": ["tree", f"{MISSING}/point.json", "--output", str(tmp / "t.png")],
+        "wb2-climatology": ["--climatology", f"{MISSING}/c.zarr", "--output", str(tmp / "c.zarr")],
+        "export": [
+            "--config",
+            cfg(RUNS),
+            "--run-name",
+            "nope",
+            "--checkpoint",
+            f"{MISSING}/final",
+            "--output",
+            str(tmp / "model"),
+        ],
+        "predict": ["--model", f"{MISSING}/model", "--image", f"{MISSING}/x.hdr", "--output", str(tmp / "p.zarr")],
     }
 
 
@@ -77,24 +215,41 @@ def test_a_users_mistake_is_one_line_and_exit_2(command, tmp_path, capsys):
     status = cli.main([command, *_cases(tmp_path)[command]])  # anything but a DchagError raises here
     err = capsys.readouterr().err.strip()
     assert status == 2
-    message = err[err.index(f"dchag {command}: error: "):]  # progress or log lines may come before it
+    message = err[err.index(f"dchag {command}: error: ") :]  # progress or log lines may come before it
     assert len(message.splitlines()[0]) > len(f"dchag {command}: error: ") + 10, err
     assert "Traceback" not in err
 
 
 def test_the_installed_command_prints_no_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "dchag", "score-recon", "--truth", f"{MISSING}/t.npy", "--pred",
-                          f"{MISSING}/p.npy", "--output", str(tmp_path / "r.json")], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dchag",
+            "score-recon",
+            "--truth",
+            f"{MISSING}/t.npy",
+            "--pred",
+            f"{MISSING}/p.npy",
+            "--output",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [f"dchag score-recon: error: {MISSING}/t.npy: file not found"] or (
-        "Traceback" not in out.stderr and out.stderr.count("\n") == 1), out.stderr
+        "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+    ), out.stderr
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
     def broken(args):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(cli, "cmd_hsi_scores", broken)
+    from dchag.cli import evaluate
+
+    monkeypatch.setattr(evaluate, "cmd_hsi_scores", broken)
     with pytest.raises(ZeroDivisionError):
         cli.main(["hsi-scores", "x.json", "--output", "y.csv"])
     assert not issubclass(ZeroDivisionError, DchagError)

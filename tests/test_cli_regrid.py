@@ -48,7 +48,19 @@ def source_file(tmp_path):
 def test_regrid_cli(source_file, tmp_path, out_name):
     out = tmp_path / out_name
     weights = tmp_path / "w.nc"
-    run(str(source_file), "--grid", "5.625", "--weights", str(weights), "--backend", "builtin", "--time-chunk", "2", "--output", str(out))
+    run(
+        str(source_file),
+        "--grid",
+        "5.625",
+        "--weights",
+        str(weights),
+        "--backend",
+        "builtin",
+        "--time-chunk",
+        "2",
+        "--output",
+        str(out),
+    )
     ds = xr.open_zarr(out, consolidated=False) if out_name.endswith(".zarr") else xr.open_dataset(out)
     wb = weatherbench_grid(5.625)
     assert ds.t2m.dims == ("time", "latitude", "longitude") and ds.t2m.shape == (5, 32, 64)
@@ -82,7 +94,9 @@ def test_regrid_cli_errors_are_one_line(tmp_path):
     assert proc.returncode == 2 and "missing.nc" in proc.stderr and "Traceback" not in proc.stderr
     proc = run(str(tmp_path / "missing.nc"), "--grid", "5.5", "--output", str(tmp_path / "o.nc"), check=False)
     assert proc.returncode == 2
-    ds = xr.Dataset({"x": (("lat", "lon"), np.zeros((10, 10)))}, coords={"lat": np.arange(10.0), "lon": np.arange(10.0)})
+    ds = xr.Dataset(
+        {"x": (("lat", "lon"), np.zeros((10, 10)))}, coords={"lat": np.arange(10.0), "lon": np.arange(10.0)}
+    )
     ds.to_netcdf(tmp_path / "regional.nc")
     proc = run(str(tmp_path / "regional.nc"), "--grid", "5.625", "--output", str(tmp_path / "o.nc"), check=False)
     assert proc.returncode == 2 and "not global in longitude" in proc.stderr

@@ -11,12 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import REPO
+
 from dchag.parallel import dims
 
-COLLECTIVES = {"all_reduce", "all_gather", "gather", "broadcast", "reduce_scatter", "all_gather_into_tensor",
-               "all_gather_single", "reduce", "scatter", "all_to_all"}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "gather",
+    "broadcast",
+    "reduce_scatter",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce",
+    "scatter",
+    "all_to_all",
+}
 FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "arange", "randn", "rand", "as_tensor"}
 
 
@@ -56,16 +66,25 @@ def test_every_collective_gets_tensors_made_for_the_training_device():
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            collectives = [c for c in _calls(fn, COLLECTIVES)
-                           if isinstance(c.func.value, ast.Name) and c.func.value.id in ("dist", "funcol")]
+            collectives = [
+                c
+                for c in _calls(fn, COLLECTIVES)
+                if isinstance(c.func.value, ast.Name) and c.func.value.id in ("dist", "funcol")
+            ]
             if not collectives:
                 continue
             checked += 1
             moved = {id(n) for to in _calls(fn, {"to"}) for n in ast.walk(to.func.value)}  # torch.randn(...).to(device)
             for call in _calls(fn, FACTORIES):
-                if isinstance(call.func.value, ast.Name) and call.func.value.id == "torch" and id(call) not in moved and not any(
-                        k.arg == "device" for k in call.keywords):
-                    offenders.append(f"{path.relative_to(REPO)}:{call.lineno} {fn.name}: torch.{call.func.attr}(...) without device=")
+                if (
+                    isinstance(call.func.value, ast.Name)
+                    and call.func.value.id == "torch"
+                    and id(call) not in moved
+                    and not any(k.arg == "device" for k in call.keywords)
+                ):
+                    offenders.append(
+                        f"{path.relative_to(REPO)}:{call.lineno} {fn.name}: torch.{call.func.attr}(...) without device="
+                    )
     assert checked >= 8  # the scan sees the call sites (trainer, metrics, clipping, MAE gather, calibrate, ...)
     assert not offenders, "\n".join(offenders)
 
@@ -78,7 +97,7 @@ def test_the_mae_gather_pads_uneven_blocks_on_its_inputs_device(world):
 
 
 def _gather_check(rank, world):
-    from dchag.train.tasks import gather_channels
+    from dchag.parallel.collectives import gather_channels
 
     group = dist.new_group(list(range(world)))
     width = 3 if rank == 0 else 2  # uneven blocks: 3 + 2 channels

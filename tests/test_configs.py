@@ -4,7 +4,6 @@ README's shell commands are run as written (snakemake ones as dry runs)."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -15,16 +14,41 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
-from dchag.config import load_config, settings, validate
+
+from dchag.config import era5_input_paths, load_config, settings, validate
 
 CONFIGS = sorted((REPO / "config").glob("*.yaml"))
-ERA5_RULES = {"era5_demo_year", "era5_demo_constants", "download_era5_year", "era5_weights", "era5_year", "era5_stats",
-              "era5_split", "era5_climatology", "era5_truth", "forecast", "baseline_forecast", "score", "compare_scores",
-              "fig_lead_time", "fig_forecast_maps"}
-HSI_RULES = {"hsi_demo", "hsi_classification", "hsi_mae", "evaluate_mae", "evaluate_classify", "hsi_scores",
-             "fig_hsi_reconstruction", "fig_classification"}
+ERA5_RULES = {
+    "era5_demo_year",
+    "era5_demo_constants",
+    "download_era5_year",
+    "era5_weights",
+    "era5_year",
+    "era5_year_stats",
+    "era5_stats",
+    "era5_split_part",
+    "era5_split",
+    "era5_climatology_part",
+    "era5_climatology",
+    "era5_truth",
+    "forecast",
+    "baseline_forecast",
+    "score",
+    "compare_scores",
+    "fig_lead_time",
+    "fig_forecast_maps",
+}
+HSI_RULES = {
+    "hsi_demo",
+    "hsi_classification",
+    "hsi_mae",
+    "evaluate_mae",
+    "evaluate_classification",
+    "hsi_scores",
+    "fig_hsi_reconstruction",
+    "fig_classification",
+}
 
 
 def workdir(tmp: Path, configs: list[Path]) -> Path:
@@ -38,7 +62,7 @@ def workdir(tmp: Path, configs: list[Path]) -> Path:
         wanted = []
         if era5 and not era5.get("demo"):
             years = [y for split in era5["years"].values() for y in split]
-            wanted += [p.format(year=y) for p in era5["inputs"] for y in years]
+            wanted += [p.replace("*", "standin") for y in years for p in era5_input_paths(era5, y)]
             wanted += [era5["constants"]] if era5.get("constants") else []
         if hsi and not hsi.get("demo"):
             if "classification" in hsi:
@@ -85,7 +109,7 @@ def test_no_config_given_runs_the_demo(tmp_path):
     proc = snakemake(cwd, "-n", "--quiet", "rules", "--cores", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rules = planned(proc.stdout + proc.stderr)
-    assert rules["era5_demo_year"] == 4 and rules["hsi_demo"] == 1 and rules["train"] == 6, rules
+    assert rules["era5_demo_year"] == 4 and rules["hsi_demo"] == 1 and rules["train"] == 12, rules
 
 
 def test_a_key_deleted_from_a_dataset_config_is_gone(tmp_path):
@@ -115,7 +139,22 @@ def test_dataset_only_config_parses_and_plans_preprocessing_only(tmp_path):
     cwd = tmp_path / "w"
     cwd.mkdir()
     workdir(cwd, [mine, era5_only])
-    for f, expected in ((mine, {"hsi_classification"}), (era5_only, {"era5_weights", "era5_year", "era5_stats", "era5_split", "era5_climatology"})):
+    for f, expected in (
+        (mine, {"hsi_classification"}),
+        (
+            era5_only,
+            {
+                "era5_weights",
+                "era5_year",
+                "era5_year_stats",
+                "era5_stats",
+                "era5_split_part",
+                "era5_split",
+                "era5_climatology_part",
+                "era5_climatology",
+            },
+        ),
+    ):
         proc = snakemake(cwd, "-n", "--quiet", "rules", "--cores", "2", "--configfile", str(f))
         assert proc.returncode == 0, proc.stderr[-3000:]
         rules = set(planned(proc.stdout + proc.stderr)) - {"all", "total"}
@@ -156,8 +195,13 @@ def test_readme_snakemake_commands_dry_run_as_written(tmp_path):
     cwd = workdir(tmp_path / "w", configs)
     env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     # the profile a user installs first (the README's Slurm block does)
-    installed = subprocess.run([sys.executable, "-m", "dchag", "install-profile", "slurm"], cwd=cwd, capture_output=True,
-                               text=True, env={**os.environ, **env})
+    installed = subprocess.run(
+        [sys.executable, "-m", "dchag", "install-profile", "slurm"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
     assert installed.returncode == 0, installed.stderr
     for cmd in snake:
         args = shlex.split(cmd)[1:]
@@ -179,32 +223,61 @@ def test_readme_dchag_subcommands_exist():
 @pytest.mark.integration
 def test_a_users_own_one_dataset_config_runs_through_training_and_scoring(tmp_path):
     """Another grid (2.8125 deg), another channel set, one run, the user's netCDF files: the
-    whole pipeline from `snakemake --configfile mine.yaml`, nothing of the demo built."""
+    whole pipeline from `snakemake --configfile mine.yaml`, nothing of the demo built. The
+    files lie in a folder whose name has a space, quotes and a command substitution: the jobs
+    read them and run nothing."""
     from dchag.era5 import demo
     from dchag.store import open_store
 
     cwd = tmp_path / "w"
     cwd.mkdir()
     workdir(cwd, [])
-    raw = cwd / "data"
+    folder = 'my data\'s "x" $(touch PWNED)'
+    raw = cwd / folder
     for year in (2001, 2002, 2003):
         demo.write_year(raw, year, 3.75, [500, 850], time_step_hours=24, days=40)
     mine = cwd / "mine.yaml"
-    mine.write_text(yaml.safe_dump({
-        "name": "mine",
-        "era5": {"inputs": ["data/pressure_levels_{year}.nc", "data/single_levels_{year}.nc"],
-                 "years": {"train": [2001], "val": [2002], "test": [2003]}, "time_step_hours": 24, "grid": 2.8125,
-                 "channels": {"pressure_level": {"variables": ["geopotential", "temperature"], "levels": [500, 850]},
-                              "single_level": ["2m_temperature"]}},
-        "model": {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 4, "aggregation": "linear", "groups": 2},
-        "parallel": {"tp": 1, "strategy": "baseline", "dp": "none"},
-        "train": {"nproc": 1, "steps": 6, "batch_size": 4, "warmup_steps": 1, "checkpoint_every": 3, "val_every": 3,
-                  "val_batches": 1, "forecast": {"outputs": ["z500", "t850"], "lead_hours": [24, 96]},
-                  "runs": {"fc": {"task": "forecast"}}},
-        "evaluate": {"lead_hours": [24, 48], "conventions": ["wb2"]},
-    }))
+    mine.write_text(
+        yaml.safe_dump(
+            {
+                "name": "mine",
+                "era5": {
+                    "inputs": [f"{folder}/pressure_levels_{{year}}.nc", f"{folder}/single_levels_{{year}}.nc"],
+                    "years": {"train": [2001], "val": [2002], "test": [2003]},
+                    "time_step_hours": 24,
+                    "grid": 2.8125,
+                    "channels": {
+                        "pressure_level": {"variables": ["geopotential", "temperature"], "levels": [500, 850]},
+                        "single_level": ["2m_temperature"],
+                    },
+                },
+                "model": {
+                    "patch_size": 8,
+                    "embed_dim": 32,
+                    "depth": 1,
+                    "num_heads": 4,
+                    "aggregation": "linear",
+                    "groups": 2,
+                },
+                "parallel": {"tp": 1, "strategy": "baseline", "data_parallel": "none"},
+                "train": {
+                    "nproc": 1,
+                    "steps": 6,
+                    "batch_size": 4,
+                    "warmup_steps": 1,
+                    "checkpoint_every": 3,
+                    "val_every": 3,
+                    "val_batches": 1,
+                    "forecast": {"outputs": ["z500", "t850"], "lead_hours": [24, 96]},
+                    "runs": {"fc": {"task": "forecast"}},
+                },
+                "evaluate": {"lead_hours": [24, 48], "conventions": ["wb2"]},
+            }
+        )
+    )
     proc = snakemake(cwd, "--cores", "2", "--configfile", "mine.yaml")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert not list(tmp_path.rglob("PWNED"))
     results = cwd / "results" / "mine"
     assert not (cwd / "results" / "demo").exists() and not (cwd / "resources").exists()
     test = open_store(results / "era5" / "test.zarr")

@@ -1,4 +1,4 @@
-"""The conda environments of the rules (workflow/envs/, used with --software-deployment-method
+"""The conda environments of the rules (envs/, used with --software-deployment-method
 conda) agree with pyproject.toml: every runtime dependency a rule family needs is in its
 environment, at a version pyproject.toml accepts."""
 
@@ -15,12 +15,20 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 # conda-forge names of PyPI packages
-CONDA_TO_PYPI = {"pytorch": "torch", "dask-core": "dask", "matplotlib-base": "matplotlib"}
+CONDA_TO_PYPI = {
+    "pytorch": "torch",
+    "dask-core": "dask",
+    "matplotlib-base": "matplotlib",
+    "python-eccodes": "eccodes",  # ecCodes' Python interface (the PyPI wheel brings the library too)
+}
 # Packages that only conda-forge has (so pyproject.toml cannot name them).
 CONDA_ONLY = {"esmpy"}  # ESMF's Python interface, which xesmf needs
 # What a rule family does not import (its rules run `dchag` subcommands that do not need it);
 # snakemake itself runs outside the rules' environments.
-NOT_NEEDED = {"preprocess.yaml": {"snakemake", "torch", "tensorboard", "matplotlib"}, "train.yaml": {"snakemake"}}
+NOT_NEEDED = {
+    "preprocess.yaml": {"snakemake", "torch", "tensorboard", "matplotlib", "safetensors"},
+    "train.yaml": {"snakemake"},
+}
 
 
 def _norm(name: str) -> str:
@@ -30,7 +38,11 @@ def _norm(name: str) -> str:
 def _requirements() -> dict[str, Requirement]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = [Requirement(r) for r in project["dependencies"]]
-    reqs += [Requirement(r) for extra in ("xesmf", "download") for r in project["optional-dependencies"][extra]]
+    reqs += [
+        Requirement(r)
+        for extra in ("xesmf", "download", "grib", "geotiff")
+        for r in project["optional-dependencies"][extra]
+    ]
     return {_norm(r.name): r for r in reqs}
 
 
@@ -43,22 +55,30 @@ def _env(path: Path) -> dict[str, str | None]:
 
 
 def test_every_rule_env_is_checked():
-    used = {m for f in (REPO / "workflow" / "rules").glob("*.smk") for m in re.findall(r'"\.\./envs/([^"]+)"', f.read_text())}
-    assert used == set(NOT_NEEDED) == {p.name for p in (REPO / "workflow" / "envs").glob("*.yaml")}
+    used = {
+        m
+        for f in (REPO / "workflow" / "rules").glob("*.smk")
+        for m in re.findall(r'"\.\./\.\./envs/([^"]+)"', f.read_text())
+    }
+    assert used == set(NOT_NEEDED) == {p.name for p in (REPO / "envs").glob("*.yaml")}
 
 
 @pytest.mark.parametrize("env", sorted(NOT_NEEDED))
 def test_env_has_the_runtime_dependencies_at_versions_pyproject_accepts(env):
     reqs = _requirements()
-    pins = _env(REPO / "workflow" / "envs" / env)
-    runtime = {_norm(Requirement(r).name) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    pins = _env(REPO / "envs" / env)
+    runtime = {
+        _norm(Requirement(r).name)
+        for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
     missing = sorted(runtime - set(pins) - {_norm(n) for n in NOT_NEEDED[env]})
-    assert not missing, f"workflow/envs/{env} lacks {missing}"
+    assert not missing, f"envs/{env} lacks {missing}"
     for name, version in pins.items():
         if name == "python" or name in CONDA_ONLY:
             continue
-        assert name in reqs, f"workflow/envs/{env}: {name} is not a dependency in pyproject.toml"
-        assert version, f"workflow/envs/{env}: {name} has no pinned version"
+        assert name in reqs, f"envs/{env}: {name} is not a dependency in pyproject.toml"
+        assert version, f"envs/{env}: {name} has no pinned version"
         # a conda pin "2.3" means any 2.3.x: check its lowest release
         assert reqs[name].specifier.contains(Version(version), prereleases=True), (
-            f"workflow/envs/{env}: {name}={version} is outside pyproject.toml's {reqs[name]}")
+            f"envs/{env}: {name}={version} is outside pyproject.toml's {reqs[name]}"
+        )

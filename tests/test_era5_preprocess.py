@@ -11,8 +11,11 @@ import pytest
 import xarray as xr
 
 from dchag.config import ConfigError, validate
-from dchag.era5.preprocess import build_split, climatology, make_weights, normalization_stats, preprocess_year
+from dchag.era5.climatology import climatology
+from dchag.era5.preprocess import make_weights, preprocess_year
 from dchag.era5.source import Era5InputError
+from dchag.era5.split import build_split
+from dchag.era5.statistics import normalization_stats
 from dchag.grids import GridError, weatherbench_grid
 from dchag.regrid.weights import RegridWeights, WeightsError
 from dchag.store import InputError, open_store
@@ -101,6 +104,7 @@ def test_peak_memory_is_flat_in_time_steps(era5_files, tmp_path):
     import tracemalloc
 
     from conftest import small_era5_config
+
     from dchag.era5 import demo
 
     peaks = {}
@@ -138,20 +142,24 @@ def test_missing_variable(era5_config, weights, tmp_path):
 
 def test_missing_pressure_level(era5_config, weights, tmp_path):
     era5_config["era5"]["channels"]["pressure_level"]["levels"].append(925)
-    _expect_failure(era5_config["era5"], weights, tmp_path / "o.zarr", Era5InputError, r"925 hPa.*pressure_levels_2001.nc")
+    _expect_failure(
+        era5_config["era5"], weights, tmp_path / "o.zarr", Era5InputError, r"925 hPa.*pressure_levels_2001.nc"
+    )
 
 
 def test_irregular_grid(era5_config, era5_files, weights, tmp_path):
+    """Uneven latitudes are a Gaussian grid, which is read (tests/test_era5_inputs.py); uneven
+    longitudes are refused."""
     bad = tmp_path / "bad"
     bad.mkdir()
     for name in ("pressure_levels_2001.nc", "single_levels_2001.nc"):
         with xr.open_dataset(era5_files / name) as ds:
-            lat = ds.latitude.values.copy()
-            lat[1:-1] += np.linspace(0, 1.5, lat.size - 2)  # Gaussian-like, uneven spacing
-            ds.assign_coords(latitude=lat).to_netcdf(bad / name)
+            lon = ds.longitude.values.copy()
+            lon[1:-1] += np.linspace(0, 1.5, lon.size - 2)  # stretched, uneven spacing
+            ds.assign_coords(longitude=lon).to_netcdf(bad / name)
     era5_config["era5"]["inputs"] = [str(bad / "pressure_levels_{year}.nc"), str(bad / "single_levels_{year}.nc")]
     era5_config["era5"]["channels"]["constants"] = []
-    _expect_failure(era5_config["era5"], weights, tmp_path / "o.zarr", GridError, "not a regular lat-lon grid")
+    _expect_failure(era5_config["era5"], weights, tmp_path / "o.zarr", GridError, "longitudes must be evenly spaced")
 
 
 def _with_nan(era5_files, tmp_path):
@@ -242,6 +250,7 @@ def test_time_subsampling_keeps_the_steps_on_the_configured_interval(tmp_path):
     """6-hourly inputs (CDS names: valid_time, pressure_level) read every 12 h: the store holds
     the 00 and 12 UTC fields themselves, not averages, and no other hour."""
     from conftest import LEVELS, small_era5_config
+
     from dchag.era5 import demo
 
     raw = tmp_path / "raw"

@@ -9,16 +9,15 @@ import math
 
 import numpy as np
 import pandas as pd
+import parallel_checks
 import pytest
 import torch
 import xarray as xr
+from distributed import run_distributed
 
 from dchag.cli import main
 from dchag.evaluate import classification, recon, weather
 from dchag.evaluate.score import ScoreError, score_files
-
-from distributed import run_distributed
-import parallel_checks
 
 
 # -- weather metrics, by hand ---------------------------------------------------------------
@@ -53,11 +52,14 @@ def _wb2_get_lat_weights(lat_deg):
     return area / area.mean()
 
 
-@pytest.mark.parametrize("lat", [
-    np.arange(-90 + 1.40625 / 2, 90, 1.40625),  # the 1.40625 deg WeatherBench grid (128 rows): no poles
-    np.linspace(-90, 90, 121),  # 1.5 deg with both poles (WeatherBench 2's equiangular grids)
-    np.array([-80.0, -30.0, 0.0, 10.0, 75.0]),  # uneven rows
-])
+@pytest.mark.parametrize(
+    "lat",
+    [
+        np.arange(-90 + 1.40625 / 2, 90, 1.40625),  # the 1.40625 deg WeatherBench grid (128 rows): no poles
+        np.linspace(-90, 90, 121),  # 1.5 deg with both poles (WeatherBench 2's equiangular grids)
+        np.array([-80.0, -30.0, 0.0, 10.0, 75.0]),  # uneven rows
+    ],
+)
 def test_wb2_latitude_weights_are_cell_areas_on_any_grid(lat):
     w = weather.lat_weights(lat).ravel()
     assert w == pytest.approx(_wb2_get_lat_weights(lat), rel=1e-12)
@@ -79,7 +81,10 @@ def _climax_lat_weighted_acc(pred, y, clim, lat):
     pred, y = torch.from_numpy(pred) - torch.from_numpy(clim), torch.from_numpy(y) - torch.from_numpy(clim)
     pred_prime = pred - torch.mean(pred)
     y_prime = y - torch.mean(y)
-    return float(torch.sum(w_lat * pred_prime * y_prime) / torch.sqrt(torch.sum(w_lat * pred_prime**2) * torch.sum(w_lat * y_prime**2)))
+    return float(
+        torch.sum(w_lat * pred_prime * y_prime)
+        / torch.sqrt(torch.sum(w_lat * pred_prime**2) * torch.sum(w_lat * y_prime**2))
+    )
 
 
 @pytest.mark.parametrize("batch_size", [None, 1, 3])
@@ -92,15 +97,19 @@ def test_climax_acc_equals_climax_code(batch_size):
     size = batch_size or 7
     batches = [(s, min(s + size, 7)) for s in range(0, 7, size)]
     # Lightning's epoch value of a metric logged with batch_size=len(x): the size-weighted mean.
-    expected = np.average([_climax_lat_weighted_acc(fc[a:b], truth[a:b], clim, lat) for a, b in batches],
-                          weights=[b - a for a, b in batches])
+    expected = np.average(
+        [_climax_lat_weighted_acc(fc[a:b], truth[a:b], clim, lat) for a, b in batches],
+        weights=[b - a for a, b in batches],
+    )
     got = weather.acc_climax(fc, truth, clim, weather.lat_weights(lat, "climax"), batch_size)
     assert got == pytest.approx(expected, rel=1e-12)
     if batch_size == 1:  # centring per batch differs from centring over the whole set
         fa, ta = fc - clim, truth - clim
         fa, ta = fa - fa.mean(), ta - ta.mean()
         w = weather.lat_weights(lat, "climax")
-        whole = np.mean([(w * fa[i] * ta[i]).sum() / np.sqrt((w * fa[i] ** 2).sum() * (w * ta[i] ** 2).sum()) for i in range(7)])
+        whole = np.mean(
+            [(w * fa[i] * ta[i]).sum() / np.sqrt((w * fa[i] ** 2).sum() * (w * ta[i] ** 2).sum()) for i in range(7)]
+        )
         assert abs(got - whole) > 1e-3
 
 
@@ -126,9 +135,13 @@ def _truth(times):
     rng = np.random.default_rng(0)
     doy = pd.DatetimeIndex(times).day_of_year.values
     season = 10 * np.sin(2 * np.pi * doy / 365.25)[:, None, None]
-    field = 280 + season + 5 * np.cos(np.deg2rad(LAT))[None, :, None] + rng.normal(0, 1, (len(times), LAT.size, LON.size))
-    return xr.Dataset({"t2m": (("time", "lat", "lon"), field), "z500": (("time", "lat", "lon"), field * 20)},
-                      coords={"time": times, "lat": LAT, "lon": LON})
+    field = (
+        280 + season + 5 * np.cos(np.deg2rad(LAT))[None, :, None] + rng.normal(0, 1, (len(times), LAT.size, LON.size))
+    )
+    return xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), field), "z500": (("time", "lat", "lon"), field * 20)},
+        coords={"time": times, "lat": LAT, "lon": LON},
+    )
 
 
 @pytest.fixture
@@ -139,17 +152,36 @@ def files(tmp_path):
     rng = np.random.default_rng(1)
     init = times[:30]
     leads = np.array([24, 72])
-    fc = np.stack([truth.t2m.sel(time=init + pd.Timedelta(hours=int(h))).values + rng.normal(0, 0.5 + h / 100, (30, LAT.size, LON.size))
-                   for h in leads], axis=1)
+    fc = np.stack(
+        [
+            truth.t2m.sel(time=init + pd.Timedelta(hours=int(h))).values
+            + rng.normal(0, 0.5 + h / 100, (30, LAT.size, LON.size))
+            for h in leads
+        ],
+        axis=1,
+    )
     # WeatherBench-style names, descending latitude, numeric lead times in hours.
-    fds = xr.Dataset({"t2m": (("time", "lead_time", "latitude", "longitude"), fc[:, :, ::-1])},
-                     coords={"time": init, "lead_time": ("lead_time", leads, {"units": "hours"}),
-                             "latitude": LAT[::-1], "longitude": LON})
+    fds = xr.Dataset(
+        {"t2m": (("time", "lead_time", "latitude", "longitude"), fc[:, :, ::-1])},
+        coords={
+            "time": init,
+            "lead_time": ("lead_time", leads, {"units": "hours"}),
+            "latitude": LAT[::-1],
+            "longitude": LON,
+        },
+    )
     fds.to_netcdf(tmp_path / "forecast.nc")
     doy = np.arange(1, 367)
-    clim = 280 + 10 * np.sin(2 * np.pi * doy / 365.25)[:, None, None] + 5 * np.cos(np.deg2rad(LAT))[None, :, None] + 0 * LON
-    xr.Dataset({"t2m": (("dayofyear", "latitude", "longitude"), clim)},
-               coords={"dayofyear": doy, "latitude": LAT, "longitude": LON}).to_zarr(tmp_path / "clim.zarr", zarr_format=3, consolidated=False)
+    clim = (
+        280
+        + 10 * np.sin(2 * np.pi * doy / 365.25)[:, None, None]
+        + 5 * np.cos(np.deg2rad(LAT))[None, :, None]
+        + 0 * LON
+    )
+    xr.Dataset(
+        {"t2m": (("dayofyear", "latitude", "longitude"), clim)},
+        coords={"dayofyear": doy, "latitude": LAT, "longitude": LON},
+    ).to_zarr(tmp_path / "clim.zarr", zarr_format=3, consolidated=False)
     return tmp_path, truth, fc, init, leads, clim
 
 
@@ -167,7 +199,9 @@ def _reference(truth, fc, init, leads, clim, convention):
             mses.append(np.mean(w[:, None] * (f - t) ** 2))
             c = clim[v.day_of_year - 1]
             fa, ta = f - c, t - c
-            accs.append(np.mean(w[:, None] * fa * ta) / np.sqrt(np.mean(w[:, None] * fa**2) * np.mean(w[:, None] * ta**2)))
+            accs.append(
+                np.mean(w[:, None] * fa * ta) / np.sqrt(np.mean(w[:, None] * fa**2) * np.mean(w[:, None] * ta**2))
+            )
         mses = np.array(mses)
         rmse = np.sqrt(mses.mean()) if convention == "wb2" else np.sqrt(mses).mean()
         out[(h, "rmse")], out[(h, "mse")], out[(h, "acc")] = rmse, mses.mean(), np.mean(accs)
@@ -190,10 +224,29 @@ def test_score_files_wb2_matches_the_definition(files):
 def test_score_cli_climax_differs_from_wb2_and_depends_on_batch_size(files, tmp_path):
     root, truth, fc, init, leads, clim = files
     out = {}
-    for conv, extra in (("wb2", ["--climatology", str(root / "clim.zarr")]), ("climax", []), ("climax5", ["--batch-size", "5"])):
+    for conv, extra in (
+        ("wb2", ["--climatology", str(root / "clim.zarr")]),
+        ("climax", []),
+        ("climax5", ["--batch-size", "5"]),
+    ):
         path = tmp_path / f"{conv}.csv"
-        assert main(["score", "--forecast", str(root / "forecast.nc"), "--truth", str(root / "truth.nc"), *extra,
-                     "--convention", conv[:6], "--output", str(path)]) == 0
+        assert (
+            main(
+                [
+                    "score",
+                    "--forecast",
+                    str(root / "forecast.nc"),
+                    "--truth",
+                    str(root / "truth.nc"),
+                    *extra,
+                    "--convention",
+                    conv[:6],
+                    "--output",
+                    str(path),
+                ]
+            )
+            == 0
+        )
         out[conv] = pd.read_csv(path).set_index(["lead_time_hours", "metric"]).value
     assert out["climax"][(24, "mse")] == pytest.approx(out["wb2"][(24, "mse")])
     assert out["climax"][(24, "rmse")] < out["wb2"][(24, "rmse")]  # mean of roots <= root of mean
@@ -245,7 +298,9 @@ def test_climatology_without_the_scored_days_is_an_error_naming_them(files, tmp_
     from dchag.evaluate.score import _climatology_at
 
     with pytest.raises(ScoreError, match="day\\(s\\) of year \\[11\\]"):
-        _climatology_at(clim.rename(latitude="lat", longitude="lon")["t2m"], pd.DatetimeIndex(["2019-01-11"]), "gappy.zarr", "t2m")
+        _climatology_at(
+            clim.rename(latitude="lat", longitude="lon")["t2m"], pd.DatetimeIndex(["2019-01-11"]), "gappy.zarr", "t2m"
+        )
 
 
 def test_score_regrids_the_forecast_when_asked(files, tmp_path):
@@ -258,12 +313,17 @@ def test_score_regrids_the_forecast_when_asked(files, tmp_path):
     def field(la, lo):
         return 280 + 10 * np.cos(np.deg2rad(la))[:, None] + np.sin(np.deg2rad(lo))[None, :]
 
-    xr.Dataset({"t2m": (("time", "lat", "lon"), np.repeat(field(lat2, lon2)[None], 5, 0))},
-               coords={"time": times, "lat": lat2, "lon": lon2, "prediction_timedelta": np.timedelta64(0, "h")}
-               ).to_netcdf(root / "fine.nc")
-    xr.Dataset({"t2m": (("time", "lat", "lon"), np.repeat(field(LAT, LON)[None], 5, 0))},
-               coords={"time": times, "lat": LAT, "lon": LON}).to_netcdf(root / "smooth.nc")
-    df = score_files(str(root / "fine.nc"), str(root / "smooth.nc"), convention="wb2", metrics=["rmse"], regrid="bilinear")
+    xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), np.repeat(field(lat2, lon2)[None], 5, 0))},
+        coords={"time": times, "lat": lat2, "lon": lon2, "prediction_timedelta": np.timedelta64(0, "h")},
+    ).to_netcdf(root / "fine.nc")
+    xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), np.repeat(field(LAT, LON)[None], 5, 0))},
+        coords={"time": times, "lat": LAT, "lon": LON},
+    ).to_netcdf(root / "smooth.nc")
+    df = score_files(
+        str(root / "fine.nc"), str(root / "smooth.nc"), convention="wb2", metrics=["rmse"], regrid="bilinear"
+    )
     assert df.value.iloc[0] < 0.05  # bilinear of a smooth field: small interpolation error only
 
 
@@ -276,12 +336,25 @@ def test_reconstruction_scores_match_scikit_image_and_definitions():
     pred = truth * rng.uniform(0.9, 1.1, truth.shape) + rng.normal(0, 30, truth.shape)
     pred[0, 0] = 0.0
     r = recon.scores(truth, pred, band_axis=-1, data_range=3000.0)
-    ssim = np.mean([skm.structural_similarity(truth[..., b], pred[..., b], data_range=3000.0, gaussian_weights=True,
-                                              sigma=1.5, use_sample_covariance=False) for b in range(9)])
+    ssim = np.mean(
+        [
+            skm.structural_similarity(
+                truth[..., b],
+                pred[..., b],
+                data_range=3000.0,
+                gaussian_weights=True,
+                sigma=1.5,
+                use_sample_covariance=False,
+            )
+            for b in range(9)
+        ]
+    )
     assert r["ssim"] == pytest.approx(ssim, rel=1e-10)
     assert r["psnr"] == pytest.approx(skm.peak_signal_noise_ratio(truth, pred, data_range=3000.0), rel=1e-10)
     assert r["psnr_band_mean"] == pytest.approx(
-        np.mean([skm.peak_signal_noise_ratio(truth[..., b], pred[..., b], data_range=3000.0) for b in range(9)]), rel=1e-10)
+        np.mean([skm.peak_signal_noise_ratio(truth[..., b], pred[..., b], data_range=3000.0) for b in range(9)]),
+        rel=1e-10,
+    )
     assert r["rmse"] == pytest.approx(np.sqrt(np.mean((truth - pred) ** 2)))
     t, p = truth.reshape(-1, 9)[1:], pred.reshape(-1, 9)[1:]
     angles = np.arccos(np.clip((t * p).sum(1) / np.linalg.norm(t, axis=1) / np.linalg.norm(p, axis=1), -1, 1))
@@ -308,14 +381,40 @@ def test_score_recon_cli(tmp_path):
     t = rng.uniform(0, 1, (12, 14, 6)).astype(np.float32)
     np.save(tmp_path / "t.npy", t)
     np.save(tmp_path / "p.npy", t + 0.01)
-    assert main(["score-recon", "--truth", str(tmp_path / "t.npy"), "--pred", str(tmp_path / "p.npy"), "--data-range", "1",
-                 "--output", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(
+            [
+                "score-recon",
+                "--truth",
+                str(tmp_path / "t.npy"),
+                "--pred",
+                str(tmp_path / "p.npy"),
+                "--data-range",
+                "1",
+                "--output",
+                str(tmp_path / "s.json"),
+            ]
+        )
+        == 0
+    )
     s = json.loads((tmp_path / "s.json").read_text())
     assert set(recon.KEYS) <= set(s) and s["data_range"] == 1.0
     assert s["psnr"] == pytest.approx(40.0, abs=1e-3)
     np.save(tmp_path / "q.npy", t[:, :, :5])
-    assert main(["score-recon", "--truth", str(tmp_path / "t.npy"), "--pred", str(tmp_path / "q.npy"),
-                 "--output", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            [
+                "score-recon",
+                "--truth",
+                str(tmp_path / "t.npy"),
+                "--pred",
+                str(tmp_path / "q.npy"),
+                "--output",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
 
 
 # -- classification ---------------------------------------------------------------------------
@@ -357,3 +456,171 @@ def test_json_outputs_are_strict_json(tmp_path):
     text = out.read_text() if hasattr(out, "read_text") else (tmp_path / "r.json").read_text()
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert data == {"ssim": None, "per_band": [1.0, None], "n": 3}
+
+
+# -- WeatherBench 2's layout and its evaluation on the pipeline's files ---------------------------
+@pytest.fixture(scope="module")
+def pipeline_files(tmp_path_factory):
+    """Truth, climatology (in WB2's layout) and the persistence forecast as the pipeline writes
+    them, from the real preprocessing of 40-day synthetic years."""
+    from conftest import small_era5_config
+
+    from dchag.era5 import demo
+    from dchag.era5.climatology import climatology
+    from dchag.era5.preprocess import make_weights, preprocess_year
+    from dchag.era5.split import build_split
+    from dchag.era5.statistics import normalization_stats
+    from dchag.evaluate.forecast import baseline_forecast, wb2_climatology, write_truth
+
+    raw = tmp_path_factory.mktemp("raw")
+    for year in (2001, 2002, 2003):
+        demo.write_year(raw, year, 3.75, [500, 850], days=40)
+    demo.write_constants(raw, 3.75)
+    cfg = small_era5_config(raw)
+    root = tmp_path_factory.mktemp("wb2")
+    make_weights(cfg["era5"], 2001, root / "w.nc")
+    years = {y: preprocess_year(cfg["era5"], y, root / "w.nc", root / f"y{y}.zarr") for y in (2001, 2002, 2003)}
+    stats = normalization_stats([years[2001]], root / "stats.json")
+    build_split("test", [years[2003]], stats, root / "test.zarr")
+    climatology([years[2001], years[2002]], root / "clim_dchag.zarr")
+    wb2_climatology(str(root / "clim_dchag.zarr"), str(root / "climatology.zarr"))
+    variables = ["z500", "t850", "t2m", "u10"]
+    write_truth(str(root / "test.zarr"), variables, str(root / "truth.zarr"))
+    baseline_forecast(
+        "persistence",
+        str(root / "test.zarr"),
+        variables,
+        [24, 72],
+        str(root / "forecast.zarr"),
+        str(root / "climatology.zarr"),
+    )
+    return root
+
+
+def _wb2_evaluate_by_init(forecast: str, truth: str, climatology: str) -> dict:
+    """WeatherBench 2's evaluate_in_memory on by-init forecasts (evaluation.py,
+    metrics.py), as its code reads, for MSE, RMSESqrtBeforeTimeAvg and ACC: open with
+    xr.open_zarr's defaults, latitude increasing, time -> init_time, prediction_timedelta ->
+    lead_time, valid_time = init_time + lead_time, truth at the valid times, the climatology
+    at the valid times' day of year (and hour, if it has one) and the forecast's levels,
+    spatial means weighted by get_lat_weights, then the mean over init_time. Returns
+    {(variable, level, lead hours, metric): value}."""
+
+    def increasing(ds):
+        return ds.isel(latitude=slice(None, None, -1)) if (np.diff(ds.latitude.values) < 0).all() else ds
+
+    fc = increasing(xr.open_zarr(forecast))
+    obs = increasing(xr.open_zarr(truth))
+    clim = increasing(xr.open_zarr(climatology))
+    fc = fc.rename(time="init_time", prediction_timedelta="lead_time")
+    fc = fc.assign_coords(valid_time=fc.init_time + fc.lead_time)
+    obs = obs.sel(time=fc.valid_time)
+    x = np.deg2rad(fc.latitude.values)
+    bounds = np.concatenate([[-np.pi / 2], (x[:-1] + x[1:]) / 2, [np.pi / 2]])
+    area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
+    w = xr.DataArray(area / area.mean(), dims="latitude", coords={"latitude": fc.latitude})
+
+    def spatial(ds):
+        return ds.weighted(w).mean(["latitude", "longitude"])
+
+    c = clim[list(fc.data_vars)].sel(level=fc.level) if "level" in fc.dims else clim[list(fc.data_vars)]
+    sel = {"dayofyear": fc.valid_time.dt.dayofyear}
+    if "hour" in c.coords:
+        sel["hour"] = fc.valid_time.dt.hour
+    c = c.sel(sel)
+    fa, ta = fc - c, obs - c
+    results = {
+        "mse": spatial((fc - obs) ** 2).mean("init_time"),
+        "rmse_sqrt_before_time_avg": np.sqrt(spatial((fc - obs) ** 2)).mean("init_time"),
+        "acc": (spatial(fa * ta) / np.sqrt(spatial(fa**2) * spatial(ta**2))).mean("init_time"),
+    }
+    out = {}
+    for metric, ds in results.items():
+        ds = ds.compute()
+        for var in ds.data_vars:
+            da = ds[var]
+            for lev in da.level.values if "level" in da.dims else [None]:
+                part = da.sel(level=lev) if lev is not None else da
+                for lead in part.lead_time.values:
+                    value = float(part.sel(lead_time=lead))
+                    if not np.isnan(value):  # a level this variable is not forecast at
+                        out[(str(var), None if lev is None else int(lev), lead / np.timedelta64(1, "h"), metric)] = (
+                            value
+                        )
+    return out
+
+
+def test_the_pipelines_files_are_weatherbench2s_layout(pipeline_files):
+    import warnings
+
+    root = pipeline_files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # opened by xr.open_zarr's defaults (consolidated metadata), quietly
+        fc, truth, clim = (xr.open_zarr(root / f) for f in ("forecast.zarr", "truth.zarr", "climatology.zarr"))
+    assert set(fc.data_vars) == {"geopotential", "temperature", "2m_temperature", "10m_u_component_of_wind"}
+    assert fc.geopotential.dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
+    assert fc["2m_temperature"].dims == ("time", "prediction_timedelta", "latitude", "longitude")
+    assert fc.level.values.tolist() == [500, 850] and fc.prediction_timedelta.dtype.kind == "m"
+    # z500 and t850 only: geopotential at 850 hPa is not forecast (NaN, as WB2 merges suffixed names)
+    assert fc.geopotential.sel(level=850).isnull().all() and fc.geopotential.sel(level=500).notnull().all()
+    assert truth.geopotential.dims == ("time", "level", "latitude", "longitude") and truth.level.size == 2
+    assert truth.geopotential.notnull().all()  # every level of the forecast variables
+    assert clim.temperature.dims == ("dayofyear", "level", "latitude", "longitude") and clim.dayofyear.size == 366
+    assert 4e4 < float(fc.geopotential.sel(level=500).mean()) < 6.5e4  # physical units
+    assert fc.geopotential.attrs["units"] == "m**2 s**-2" and fc.level.attrs["units"] == "hPa"
+
+
+def test_weatherbench2s_evaluation_on_the_pipelines_files_gives_dchags_scores(pipeline_files):
+    from dchag.evaluate import wb2
+
+    root = pipeline_files
+    paths = [str(root / f) for f in ("forecast.zarr", "truth.zarr", "climatology.zarr")]
+    ref = _wb2_evaluate_by_init(*paths)
+    got = (
+        pd.concat([score_files(paths[0], paths[1], paths[2], conv) for conv in ("wb2", "climax")], ignore_index=True)
+        .set_index(["variable", "lead_time_hours", "metric", "convention"])
+        .value
+    )
+    compared = 0
+    for (var, lev, lead, metric), value in ref.items():
+        name = wb2.channel_name(var, lev)
+        if metric == "mse":
+            assert got[(name, lead, "mse", "wb2")] == pytest.approx(value, rel=1e-6)
+            assert got[(name, lead, "rmse", "wb2")] == pytest.approx(
+                math.sqrt(value), rel=1e-6
+            )  # WB2: RMSE = sqrt(MSE)
+        elif metric == "acc":
+            assert got[(name, lead, "acc", "wb2")] == pytest.approx(value, rel=1e-6)
+        else:
+            assert got[(name, lead, "rmse", "climax")] == pytest.approx(value, rel=1e-6)
+        compared += 1
+    assert compared == 4 * 2 * 3 and {k[0] for k in ref} == {
+        "geopotential",
+        "temperature",
+        "2m_temperature",
+        "10m_u_component_of_wind",
+    }
+
+
+def test_channel_names_and_wb2_names_both_ways():
+    from dchag.evaluate import wb2
+
+    for name, pair in {
+        "z500": ("geopotential", 500),
+        "t850": ("temperature", 850),
+        "u10": ("10m_u_component_of_wind", None),  # not u at 10 hPa
+        "t2m": ("2m_temperature", None),
+        "lsm": ("land_sea_mask", None),
+        "orography": ("geopotential_at_surface", None),
+        "q250": ("specific_humidity", 250),
+    }.items():
+        assert wb2.split_channel(name) == pair and wb2.channel_name(*pair) == name
+
+
+def test_metrics_are_objects_chosen_from_each_conventions_table():
+    assert set(weather.SCORING) == set(weather.CONVENTIONS)
+    for conv in weather.SCORING.values():
+        assert tuple(conv.metrics) == weather.METRICS and all(m.name == k for k, m in conv.metrics.items())
+    assert isinstance(weather.convention("climax").metrics["rmse"], weather.RMSESqrtBeforeTimeAvg)
+    with pytest.raises(weather.WeatherScoreError, match="bias"):
+        weather.convention("wb2").select(["bias"])

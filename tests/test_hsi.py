@@ -9,14 +9,31 @@ import scipy.io
 import spectral.io.envi as envi
 import xarray as xr
 
+from dchag.config import ConfigError, validate
 from dchag.hsi import demo
 from dchag.hsi.bands import SENSORS, BandError, select_bands
-from dchag.hsi.preprocess import BandOptions, disjoint_split, disjoint_split_placing_classes, preprocess_classification, preprocess_tiles, stratified_split
+from dchag.hsi.preprocess import preprocess_from_config
 from dchag.hsi.readers import HsiInputError, read_image, read_labels
+from dchag.hsi.splits import disjoint_split, disjoint_split_placing_classes, stratified_split
 
 
 def open_group(path, split):
     return xr.open_zarr(path, group=split, consolidated=False)
+
+
+def hsi_config(task: str, section: dict, **common) -> dict:
+    """A validated config with this ``hsi`` section: the schema fills in every other setting."""
+    return validate({"name": "t", "hsi": {**common, task: section}}, "test config")
+
+
+def classify(image, labels, output, common: dict | None = None, **section):
+    cfg = hsi_config("classification", {"image": str(image), "labels": str(labels), **section}, **(common or {}))
+    return preprocess_from_config(cfg, "classification", output)
+
+
+def make_tiles(images, output, common: dict | None = None, **section):
+    cfg = hsi_config("mae", {"images": [str(p) for p in images], **section}, **(common or {}))
+    return preprocess_from_config(cfg, "mae", output)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +64,12 @@ def write_mat73(path, name, array):
 # -- readers ------------------------------------------------------------------------------------
 def test_readers_agree_across_formats(tmp_path, scene, mat_files):
     cube, labels, centres, fwhm = scene
-    envi.save_image(str(tmp_path / "img.hdr"), cube, dtype=np.uint16, metadata={"wavelength": list(centres / 1000), "wavelength units": "micrometers"})
+    envi.save_image(
+        str(tmp_path / "img.hdr"),
+        cube,
+        dtype=np.uint16,
+        metadata={"wavelength": list(centres / 1000), "wavelength units": "micrometers"},
+    )
     write_mat73(tmp_path / "img73.mat", "indian_pines", cube)
     bands = np.array([0, 50, 219])
     from_envi = read_image(str(tmp_path / "img.hdr"))
@@ -55,7 +77,7 @@ def test_readers_agree_across_formats(tmp_path, scene, mat_files):
     assert np.allclose(from_envi.wavelengths, centres, atol=1e-3)  # micrometres converted to nm
     for img in (from_envi, read_image(str(mat_files[0])), read_image(str(tmp_path / "img73.mat"), "indian_pines")):
         assert np.array_equal(img.read(bands), cube[:, :, bands].astype(np.float32)), img.path
-    assert np.array_equal(read_labels(str(mat_files[1])), labels)
+    assert np.array_equal(read_labels(str(mat_files[1])).values, labels)
 
 
 def test_envi_header_and_data_disagree(tmp_path, scene):
@@ -103,7 +125,10 @@ def test_bbl_wins_and_explicit_lists_and_wavelengths():
         (dict(num_bands=10, drop_bands="9-12"), r"9-12 is outside the image's bands 1..10"),
         (dict(num_bands=10, drop_bands="1-10"), "removes every band"),
         (dict(num_bands=220, preset="indain_pines"), "unknown band preset 'indain_pines'"),
-        (dict(num_bands=199, preset="indian_pines"), r"preset 'indian_pines' is for 220 bands \(the sensor's\) or 200 .* the image has 199"),
+        (
+            dict(num_bands=199, preset="indian_pines"),
+            r"preset 'indian_pines' is for 220 bands \(the sensor's\) or 200 .* the image has 199",
+        ),
     ],
 )
 def test_band_errors(kw, match):
@@ -150,14 +175,18 @@ def test_stratified_split_has_every_class_in_training(scene):
     assert together.size == np.unique(together).size == (flat > 0).sum()
     assert set(together.tolist()) == set(np.flatnonzero(flat > 0).tolist())
     # and the same seed gives the same split, another seed another
-    assert all(np.array_equal(a, b) for a, b in zip(s.values(), stratified_split(labels, (0.1, 0.1, 0.8), seed=0).values()))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(s.values(), stratified_split(labels, (0.1, 0.1, 0.8), seed=0).values())
+    )
     assert not np.array_equal(s["train"], stratified_split(labels, (0.1, 0.1, 0.8), seed=1)["train"])
 
 
 # -- stores -------------------------------------------------------------------------------------
 def test_classification_store(tmp_path, scene, mat_files):
     cube, labels, *_ = scene
-    out = preprocess_classification(str(mat_files[0]), str(mat_files[1]), tmp_path / "c.zarr", BandOptions(preset="indian_pines", band_chunk=50), patch=5)
+    out = classify(
+        mat_files[0], mat_files[1], tmp_path / "c.zarr", {"preset": "indian_pines", "band_chunk": 50}, patch=5
+    )
     train, test = open_group(out, "train"), open_group(out, "test")
     assert train.patches.shape[1:] == (200, 5, 5) and train.patches.encoding["chunks"][1] == 50
     assert train.attrs["kept_bands_1based"][103] == 109  # 104-108 removed
@@ -174,7 +203,13 @@ def test_classification_store(tmp_path, scene, mat_files):
 
 def test_tiles_store_from_envi_collection(tmp_path):
     paths = demo.write_envi(tmp_path / "imgs", count=2, rows=32, cols=32, seed=5)
-    out = preprocess_tiles([str(tmp_path / "imgs" / "*.hdr")], tmp_path / "t.zarr", BandOptions(preset="indian_pines"), tile=16, fractions=(0.5, 0.25, 0.25))
+    out = make_tiles(
+        [tmp_path / "imgs" / "*.hdr"],
+        tmp_path / "t.zarr",
+        {"preset": "indian_pines"},
+        tile=16,
+        fractions=[0.5, 0.25, 0.25],
+    )
     sizes = {s: open_group(out, s).sizes["sample"] for s in ("train", "val", "test")}
     assert sum(sizes.values()) == 8 and sizes["train"] == 4
     train = open_group(out, "train")
@@ -197,7 +232,7 @@ def test_tiles_store_from_envi_collection(tmp_path):
 def test_bad_inputs_leave_nothing(tmp_path, scene, mat_files, case):
     cube, labels, *_ = scene
     img, gt = str(mat_files[0]), str(mat_files[1])
-    opts = BandOptions(preset="indian_pines")
+    opts = {"preset": "indian_pines"}
     kw = dict(patch=5)
     exc, match = HsiInputError, None
     if case == "labels shape":
@@ -211,12 +246,12 @@ def test_bad_inputs_leave_nothing(tmp_path, scene, mat_files, case):
         img, match = str(tmp_path / "nan.mat"), r"2 NaN/inf pixel value\(s\), first at row 3, col 4"
     elif case == "patch too large":
         kw, match = dict(patch=41), "patch 41x41 is larger than the image"
-    elif case == "unknown preset":
-        opts, exc, match = BandOptions(preset="nope"), BandError, "unknown band preset"
+    elif case == "unknown preset":  # the schema refuses it before any file is read
+        opts, exc, match = {"preset": "nope"}, ConfigError, "key 'hsi.preset': 'nope' is not one of"
     else:
-        opts, exc, match = BandOptions(drop_bands="219-221"), BandError, "outside the image's bands 1..220"
+        opts, exc, match = {"drop_bands": "219-221"}, BandError, "outside the image's bands 1..220"
     with pytest.raises(exc, match=match):
-        preprocess_classification(img, gt, tmp_path / "o.zarr", opts, **kw)
+        classify(img, gt, tmp_path / "o.zarr", opts, **kw)
     assert not (tmp_path / "o.zarr").exists() and not list(tmp_path.glob(".o.zarr*"))
 
 
@@ -224,7 +259,13 @@ def test_nan_fill_reports_the_count(tmp_path, scene, mat_files):
     bad = scene[0].astype(np.float32)
     bad[3, 4, 10] = np.nan
     scipy.io.savemat(tmp_path / "nan.mat", {"x": bad})
-    out = preprocess_classification(str(tmp_path / "nan.mat"), str(mat_files[1]), tmp_path / "o.zarr", BandOptions(preset="indian_pines", nan_policy="fill"), patch=5)
+    out = classify(
+        tmp_path / "nan.mat",
+        mat_files[1],
+        tmp_path / "o.zarr",
+        {"preset": "indian_pines", "nan_policy": "fill"},
+        patch=5,
+    )
     train = open_group(out, "train")
     assert train.attrs["nan_filled"] == 1 and np.isfinite(train.patches.values).all()
 
@@ -255,13 +296,22 @@ def test_corrected_indian_pines_keeps_every_band_numbered_as_the_sensor(tmp_path
     full = rng.integers(1000, 5000, (145, 145, 220)).astype(np.uint16)
     labels = np.zeros((145, 145), np.uint8)
     labels[10:60, 10:60], labels[80:140, 20:70], labels[20:130, 90:140] = 1, 2, 3
-    scipy.io.savemat(tmp_path / "Indian_pines_corrected.mat", {"indian_pines_corrected": full[:, :, np.array(IP_KEPT) - 1]})
+    scipy.io.savemat(
+        tmp_path / "Indian_pines_corrected.mat", {"indian_pines_corrected": full[:, :, np.array(IP_KEPT) - 1]}
+    )
     scipy.io.savemat(tmp_path / "Indian_pines.mat", {"indian_pines": full})
     scipy.io.savemat(tmp_path / "Indian_pines_gt.mat", {"indian_pines_gt": labels})
     stores = {}
     for name, key in (("Indian_pines_corrected", "indian_pines_corrected"), ("Indian_pines", "indian_pines")):
-        out = preprocess_classification(str(tmp_path / f"{name}.mat"), str(tmp_path / "Indian_pines_gt.mat"), tmp_path / f"{name}.zarr",
-                                        BandOptions(preset="indian_pines", key=key), labels_key="indian_pines_gt", patch=5)
+        out = classify(
+            tmp_path / f"{name}.mat",
+            tmp_path / "Indian_pines_gt.mat",
+            tmp_path / f"{name}.zarr",
+            {"preset": "indian_pines"},
+            image_key=key,
+            labels_key="indian_pines_gt",
+            patch=5,
+        )
         stores[name] = open_group(out, "train")
     corrected, full_store = stores["Indian_pines_corrected"], stores["Indian_pines"]
     assert corrected.attrs["kept_bands_1based"] == IP_KEPT == full_store.attrs["kept_bands_1based"]
@@ -269,11 +319,16 @@ def test_corrected_indian_pines_keeps_every_band_numbered_as_the_sensor(tmp_path
     assert corrected.band.values.tolist() == list(range(200))  # the file's own band indices
     assert np.allclose(corrected.wavelength.values, AVIRIS_IP[np.array(IP_KEPT) - 1])
     assert corrected.wavelength.values[0] == pytest.approx(400.02, abs=0.01)
-    assert "92AV3C" in corrected.attrs["wavelength_source"] and "already has the water-absorption" in corrected.attrs["band_selection"]
+    assert (
+        "92AV3C" in corrected.attrs["wavelength_source"]
+        and "already has the water-absorption" in corrected.attrs["band_selection"]
+    )
     assert np.array_equal(corrected.patches.values, full_store.patches.values)
 
 
-@pytest.mark.parametrize("preset, bands, first_nm, last_nm", [("salinas", 204, 400.0, 2500.0), ("pavia_university", 103, 430.0, 860.0)])
+@pytest.mark.parametrize(
+    "preset, bands, first_nm, last_nm", [("salinas", 204, 400.0, 2500.0), ("pavia_university", 103, 430.0, 860.0)]
+)
 def test_presets_fill_wavelengths_for_mat_files(preset, bands, first_nm, last_nm):
     sel = select_bands(bands, preset=preset)
     assert sel.wavelengths is not None and np.all(np.diff(sel.wavelengths) > 0) and sel.wavelength_source
@@ -289,10 +344,12 @@ def test_ground_truth_under_another_name(tmp_path, caplog):
     labels[2:10, 2:10] = 1
     scipy.io.savemat(tmp_path / "PaviaU_gt.mat", {"hyperimg_gt": labels})
     with caplog.at_level("WARNING"):
-        got = read_labels(str(tmp_path / "PaviaU_gt.mat"), "paviaU_gt")
+        got = read_labels(str(tmp_path / "PaviaU_gt.mat"), "paviaU_gt").values
     assert np.array_equal(got, labels) and "hyperimg_gt" in caplog.text and "paviaU_gt" in caplog.text
     scipy.io.savemat(tmp_path / "two.mat", {"a_gt": labels, "b_gt": labels})
-    with pytest.raises(HsiInputError, match=r"two.mat has no 2-D variable 'paviaU_gt'; its 2-D variables are \['a_gt', 'b_gt'\]"):
+    with pytest.raises(
+        HsiInputError, match=r"two.mat has no 2-D variable 'paviaU_gt'; its 2-D variables are \['a_gt', 'b_gt'\]"
+    ):
         read_labels(str(tmp_path / "two.mat"), "paviaU_gt")
 
 
@@ -312,7 +369,7 @@ def field_scene(rng) -> np.ndarray:
     for r0 in range(0, 140, 28):
         for c0 in range(0, 140, 35):
             h, w = rng.integers(18, 27), rng.integers(20, 34)
-            labels[r0:r0 + h, c0:c0 + w] = k % 9 + 1
+            labels[r0 : r0 + h, c0 : c0 + w] = k % 9 + 1
             k += 1
     labels[100:105, 60:64] = 10  # 20 pixels in one place, like Oats
     return labels
@@ -340,12 +397,15 @@ def test_disjoint_split_keeps_every_class_that_fits(tmp_path):
     scipy.io.savemat(tmp_path / "PaviaU_gt.mat", {"paviaU_gt": labels})
     names = [f"c{k}" for k in range(1, 11)]
     common = dict(labels_key="paviaU_gt", patch=11, split="disjoint", class_names=names)
-    with pytest.raises(HsiInputError, match=r"1 class\(es\) cannot be placed in every split: c10 \(20 pixels\): none in"):
-        preprocess_classification(str(tmp_path / "PaviaU.mat"), str(tmp_path / "PaviaU_gt.mat"), tmp_path / "e.zarr",
-                                  BandOptions(preset="pavia_university"), **common)
+    pavia = {"preset": "pavia_university"}
+    with pytest.raises(
+        HsiInputError, match=r"1 class\(es\) cannot be placed in every split: c10 \(20 pixels\): none in"
+    ):
+        classify(tmp_path / "PaviaU.mat", tmp_path / "PaviaU_gt.mat", tmp_path / "e.zarr", pavia, **common)
     assert not (tmp_path / "e.zarr").exists()
-    out = preprocess_classification(str(tmp_path / "PaviaU.mat"), str(tmp_path / "PaviaU_gt.mat"), tmp_path / "w.zarr",
-                                    BandOptions(preset="pavia_university"), missing_class="warn", **common)
+    out = classify(
+        tmp_path / "PaviaU.mat", tmp_path / "PaviaU_gt.mat", tmp_path / "w.zarr", pavia, missing_class="warn", **common
+    )
     import json
 
     train = open_group(out, "train")
@@ -359,7 +419,7 @@ def test_disjoint_split_keeps_every_class_that_fits(tmp_path):
 def test_stores_open_the_default_way_without_warnings(tmp_path, mat_files):
     import warnings
 
-    out = preprocess_classification(str(mat_files[0]), str(mat_files[1]), tmp_path / "c.zarr", BandOptions(preset="indian_pines"), patch=5)
+    out = classify(mat_files[0], mat_files[1], tmp_path / "c.zarr", {"preset": "indian_pines"}, patch=5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert xr.open_zarr(out, group="train").sizes["sample"] > 0

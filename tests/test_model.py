@@ -7,16 +7,27 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO
-from dchag.model import ChannelViT, ModelConfig, channel_groups, random_masking
+
+from dchag.model import ChannelViT, channel_groups, random_masking
+from dchag.model.build import model_config_of
 from dchag.model.describe import count_parameters
 
 
 def cfg(**kw):
-    base = dict(in_channels=12, img_size=(16, 32), patch_size=4, embed_dim=32, depth=2, num_heads=4, aggregation="linear", groups=3)
+    base = dict(
+        task="forecast",
+        in_channels=12,
+        img_size=(16, 32),
+        patch_size=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        aggregation="linear",
+        groups=3,
+    )
     base.update(kw)
-    return ModelConfig(**base)
+    return model_config_of(**base)
 
 
 @pytest.mark.parametrize("tree, expected", [(0, 257), (2, 132), (4, 70), (8, 42)])
@@ -57,9 +68,20 @@ def test_mae_reconstructs_every_channel_and_masks_consistently():
 
 def test_classifier_and_wavelength_embedding_take_another_band_set():
     wl = torch.linspace(400, 2500, 12).tolist()
-    model = ChannelViT(cfg(task="classify", num_classes=5, wavelengths=wl, img_size=(8, 8), aggregation="cross", groups=2))
+    model = ChannelViT(
+        cfg(task="classification", num_classes=5, wavelengths=wl, img_size=(8, 8), aggregation="cross", groups=2)
+    )
     assert model(torch.randn(4, 12, 8, 8)).shape == (4, 5)
-    other = ChannelViT(cfg(task="classify", num_classes=5, wavelengths=torch.linspace(420, 2400, 12).tolist(), img_size=(8, 8), aggregation="cross", groups=2))
+    other = ChannelViT(
+        cfg(
+            task="classification",
+            num_classes=5,
+            wavelengths=torch.linspace(420, 2400, 12).tolist(),
+            img_size=(8, 8),
+            aggregation="cross",
+            groups=2,
+        )
+    )
     other.load_state_dict(model.state_dict())  # same parameters, different bands: no per-band weights in the embedding
     assert other(torch.randn(4, 12, 8, 8)).shape == (4, 5)
 
@@ -81,10 +103,25 @@ def test_bad_model_configs_are_named(kw, match):
 
 def test_describe_model_cli():
     proc = subprocess.run(
-        [sys.executable, "-m", "dchag", "describe-model", "--config", str(REPO / "config" / "demo.yaml"), "--channels", "1024", "--groups", "4"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "dchag",
+            "describe-model",
+            "--config",
+            str(REPO / "config" / "demo.yaml"),
+            "--channels",
+            "1024",
+            "--groups",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    lines = {line.split("  ")[0].strip(): line for line in proc.stdout.splitlines() if "Tree" in line or "baseline" in line}
+    lines = {
+        line.split("  ")[0].strip(): line for line in proc.stdout.splitlines() if "Tree" in line or "baseline" in line
+    }
     for tree, n in ((2, 132), (4, 70), (8, 42)):
         assert f" {n} " in lines[f"D-CHAG-L Tree{tree}"]
 
@@ -115,7 +152,10 @@ def _aggregate_step(plain_linear: bool, autocast: bool = False):
             # the tokens (saved by the matmul: patches and w, not its output) are held by nothing else
             loss = agg(torch.matmul(patches, w.transpose(1, 2))).float().square().sum()
         loss.backward()
-    peak = max(sum(d["Total"] for d in snap.values()) for snap in tracker.memory_tracking[agg.attn.wkv].snapshots[_ModState.PEAK_BW])
+    peak = max(
+        sum(d["Total"] for d in snap.values())
+        for snap in tracker.memory_tracking[agg.attn.wkv].snapshots[_ModState.PEAK_BW]
+    )
     return peak / 2**20, w.grad, {k: p.grad for k, p in agg.named_parameters()}
 
 

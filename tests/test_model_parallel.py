@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import parallel_checks as checks
+import pytest
 from distributed import run_distributed
 
 DCHAG_CASES = {
@@ -15,7 +14,7 @@ DCHAG_CASES = {
         dict(aggregation="cross", groups=2, tree=4),
         # the other tasks, with uneven blocks (4 + 3 channels)
         dict(aggregation="linear", groups=2, in_channels=7, task="mae", out_channels=[]),
-        dict(aggregation="cross", groups=2, in_channels=7, task="classify", out_channels=[], num_classes=3),
+        dict(aggregation="cross", groups=2, in_channels=7, task="classification", out_channels=[], num_classes=3),
     ],
     4: [
         dict(aggregation="linear", groups=4, tree=0),
@@ -24,7 +23,7 @@ DCHAG_CASES = {
         dict(aggregation="linear", groups=4, in_channels=10),  # uneven: 3, 3, 2, 2
         dict(aggregation="cross", groups=4, in_channels=10),
         dict(aggregation="linear", groups=4, in_channels=10, task="mae", out_channels=[]),
-        dict(aggregation="linear", groups=4, in_channels=10, task="classify", out_channels=[], num_classes=3),
+        dict(aggregation="linear", groups=4, in_channels=10, task="classification", out_channels=[], num_classes=3),
     ],
 }
 
@@ -36,8 +35,15 @@ def test_dchag_equals_one_device_hierarchical_model(world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_baseline_tp_equals_one_device_model(world):
-    run_distributed(checks.check_tp_matches_one_device, world, "baseline",
-                    [dict(aggregation="baseline"), dict(aggregation="baseline", task="classify", out_channels=[], num_classes=3)])
+    run_distributed(
+        checks.check_tp_matches_one_device,
+        world,
+        "baseline",
+        [
+            dict(aggregation="baseline"),
+            dict(aggregation="baseline", task="classification", out_channels=[], num_classes=3),
+        ],
+    )
 
 
 @pytest.mark.parametrize("strategy", ["dchag", "baseline"])

@@ -4,12 +4,13 @@ per-rule config files, from configs as users write them."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from dchag import plan
 from dchag.config import ConfigError, run_settings, settings, validate
 
@@ -23,17 +24,36 @@ def _demo(**edits) -> dict:
 
 def test_demo_runs_and_comparisons():
     s = settings(_demo())
-    assert plan.forecast_runs(s) == ["forecast-baseline", "forecast-dchag"]
+    assert plan.forecast_runs(s) == ["forecast-baseline", "forecast-dchag", "forecast-subset", "forecast-full-ft"]
     assert plan.runs_of(s, "mae") == ["mae-baseline", "mae-dchag"]
-    assert plan.runs_of(s, "classify") == ["classify-baseline", "classify-dchag"]
+    assert plan.runs_of(s, "classification") == [
+        "classification-baseline",
+        "classification-dchag",
+        "classification-baseline-ft",
+        "classification-baseline-probe",
+        "classification-dchag-ft",
+        "classification-dchag-probe",
+    ]
     assert plan.comparisons(s) == {"forecast-dchag": "forecast-baseline"}
+    assert plan.foundation(s)["dchag-l"] == {
+        "scratch": "classification-dchag",
+        "fine_tuned": "classification-dchag-ft",
+        "linear_probe": "classification-dchag-probe",
+    }
+    p = plan.Plan(_demo())
+    assert p.exported_runs() == ["forecast-subset", "mae-baseline", "mae-dchag"]
+    assert (
+        p.init_model("classification-dchag-ft") == "results/demo/train/mae-dchag/model"
+        and p.init_model("mae-dchag") is None
+    )
     assert plan.verify_runs(s) == {} and plan.all_runs(s) == s.train.runs
 
 
 def test_comparisons_need_exactly_one_baseline_or_an_explicit_table():
     cfg = _demo()
+    cfg["evaluate"]["compare"] = {}
     cfg["train"]["runs"]["forecast-tp"] = {"task": "forecast", "parallel": {"strategy": "baseline"}}
-    assert plan.comparisons(settings(cfg)) == {}  # two baselines: ambiguous, no table
+    assert plan.comparisons(settings(cfg)) == {}  # several baselines: ambiguous, no table
     cfg["evaluate"]["compare"] = {"forecast-dchag": "forecast-tp"}
     assert plan.comparisons(settings(cfg)) == {"forecast-dchag": "forecast-tp"}
     cfg["evaluate"]["compare"] = {"forecast-dchag": "nope"}
@@ -53,16 +73,21 @@ def test_verification_design():
     runs = plan.verify_runs(s)
     assert list(runs) == ["verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l"]
     nproc = s.train.nproc
-    for name, spec in runs.items():
+    for name in runs:
         r = run_settings({**s.raw, "train": {**s.raw["train"], "runs": runs}}, name)
         # the same steps and global batch for every method; instruments on
         assert r.train.steps == 7 and r.train.measure_comm and r.train.measure_memory
-        per_rank = r.train.batch_size * (nproc if r.parallel.dp == "ddp" else 1)
+        per_rank = r.train.batch_size * (nproc if r.parallel.data_parallel == "ddp" else 1)
         assert per_rank == 8, name
     assert runs["verify-fixed-group"]["model"] == {"aggregation": "linear", "groups": 3}
-    assert runs["verify-compress"]["parallel"] == {"tp": 1, "strategy": "baseline", "dp": "ddp", "comm_hook": "fp16",
-                                                   "ddp_bucket_mb": 2}
-    assert runs["verify-dchag-l"]["parallel"] == {"tp": nproc, "strategy": "dchag", "dp": "none"}
+    assert runs["verify-compress"]["parallel"] == {
+        "tp": 1,
+        "strategy": "baseline",
+        "data_parallel": "ddp",
+        "comm_hook": "fp16",
+        "ddp_bucket_mb": 2,
+    }
+    assert runs["verify-dchag-l"]["parallel"] == {"tp": nproc, "strategy": "dchag", "data_parallel": "none"}
     with pytest.raises(ConfigError, match="verify.batch_size.*7"):
         plan.verify_runs(settings(_demo(verify={"batch_size": 7})))
 
@@ -72,7 +97,8 @@ def test_verification_repeats_wait_for_the_previous_repeat_of_every_method():
     assert len(runs) == 12
     assert plan.previous_repeat("verify-dp-r1", runs) == []
     assert sorted(plan.previous_repeat("verify-compress-r3", runs)) == sorted(
-        f"verify-{m}-r2" for m in ("dp", "fixed-group", "compress", "dchag-l"))
+        f"verify-{m}-r2" for m in ("dp", "fixed-group", "compress", "dchag-l")
+    )
     assert plan.previous_repeat("forecast-dchag", runs) == []
 
 
@@ -94,3 +120,49 @@ def test_config_files_are_content_addressed(tmp_path):
     c = plan.write_config({"name": "x", "era5": {"grid": 2.8125}}, "era5", tmp_path)
     assert a == b != c and a.exists() and c.exists() and a.name.startswith("era5-")
     assert not list(Path(tmp_path).glob(".*.tmp"))
+
+
+# -- everything that can be checked before a job runs is checked when the plan is made --------
+PLAN_MISTAKES = {
+    "tp vs heads": (lambda c: c["model"].update(num_heads=3, embed_dim=63), "not divisible by parallel.tp 2"),
+    "patch vs grid": (lambda c: c["model"].update(patch_size=5), "does not divide the 5.625 deg grid (32 x 64)"),
+    "patch vs tile": (lambda c: c["hsi"]["mae"].update(tile=18), "does not divide hsi.mae.tile 18"),
+    "batch vs years": (lambda c: c["train"].update(batch_size=4000), "fewer than one batch of 4000"),
+    "outputs vs channels": (lambda c: c["train"]["forecast"].update(outputs=["z500", "msl"]), "['msl'] are not input"),
+    "leads vs time step": (lambda c: c["train"]["forecast"].update(lead_hours=[1, 48]), "multiples of era5.time_step"),
+    "no classification data": (lambda c: c["hsi"].pop("classification"), "needs an 'hsi.classification' section"),
+    "mask ratio masks nothing": (lambda c: c["train"].update(mae={"mask_ratio": 0.01}), "masks none of the 16 patches"),
+    "world vs tp": (lambda c: c["train"].update(nproc=3), "not a multiple of the tensor-parallel size"),
+    "map variable": (lambda c: c["evaluate"].update(map_variable="q500"), "'q500' is not a forecast output"),
+    "score leads vs step": (lambda c: c["evaluate"].update(lead_hours=[36]), "not multiples of era5.time_step_hours"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(PLAN_MISTAKES))
+def test_plan_time_checks_name_key_and_value(mistake):
+    edit, message = PLAN_MISTAKES[mistake]
+    raw = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    edit(raw)
+    cfg = validate(raw, "demo", check_files=False)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan.Plan(cfg)
+
+
+def test_the_shipped_configs_make_a_plan():
+    for path in sorted((REPO / "config").glob("*.yaml")):
+        plan.Plan(validate(yaml.safe_load(path.read_text()), path.name, check_files=False))
+
+
+def test_the_schema_speaks_the_vocabulary():
+    """One name per concept: the schema's enums are dchag.vocabulary's names."""
+    from dchag.config import schema
+    from dchag.vocabulary import VARIANTS, Aggregation, DataParallel, Strategy, Task
+
+    defs = schema()["$defs"]
+    assert defs["model_override"]["properties"]["aggregation"]["enum"] == list(Aggregation)
+    assert defs["parallel_override"]["properties"]["strategy"]["enum"] == list(Strategy)
+    assert defs["parallel_override"]["properties"]["data_parallel"]["enum"] == list(DataParallel)
+    run = defs["train"]["properties"]["runs"]["additionalProperties"]
+    assert run["properties"]["task"]["enum"] == list(Task) == defs["verify"]["properties"]["task"]["enum"]
+    variant = defs["paper_point"]["properties"]["variant"]["oneOf"][0]["enum"]
+    assert variant == list(VARIANTS)

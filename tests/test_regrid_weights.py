@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import xarray as xr
-
 from conftest import REGRID_DATA
+
 from dchag.grids import LatLonGrid, weatherbench_grid
 from dchag.regrid.bilinear import unit_vectors
 from dchag.regrid.weights import RegridWeights, WeightsError
@@ -48,7 +48,9 @@ def test_builtin_and_xesmf_file_reproduce_xesmf_output():
         expected = ref.f_xesmf_bilinear.values
     field = _analytic(ERA5_GRID)
     ours = RegridWeights.build(ERA5_GRID, WB, "bilinear").apply(field)
-    from_file = RegridWeights.from_netcdf(REGRID_DATA / "xesmf_bilinear_era5_0.25_to_wb_5.625.nc", ERA5_GRID, WB).apply(field)
+    from_file = RegridWeights.from_netcdf(REGRID_DATA / "xesmf_bilinear_era5_0.25_to_wb_5.625.nc", ERA5_GRID, WB).apply(
+        field
+    )
     assert np.max(np.abs(ours - expected)) < 1e-12
     assert np.max(np.abs(from_file - expected)) < 1e-12
 

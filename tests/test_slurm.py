@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import slurm_cluster
 import torch
 import yaml
-
 from conftest import REPO
-import slurm_cluster
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 RUN = "forecast-dchag"
@@ -34,14 +33,14 @@ def cluster(tmp_path_factory):
         yield host
 
 
-def small_config(path: Path, **evaluate) -> Path:
+def small_config(path: Path) -> Path:
     """The demo, cut to 45 days of three years and one D-CHAG forecast run long enough to
     checkpoint and be cancelled."""
     cfg = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     cfg.pop("hsi")
     cfg["era5"].update(years={"train": [2016], "val": [2017], "test": [2018]}, demo_days=45)
     cfg["train"].update(steps=40, checkpoint_every=10, val_every=20, runs={RUN: {"task": "forecast"}})
-    cfg["evaluate"] = {"lead_hours": [168], "conventions": ["wb2"], **evaluate}
+    cfg["evaluate"] = {"lead_hours": [168], "conventions": ["wb2"]}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -49,16 +48,32 @@ def small_config(path: Path, **evaluate) -> Path:
 def env_with_profile(tmp_path: Path) -> dict:
     xdg = tmp_path / "xdg"
     env = {**os.environ, "XDG_CONFIG_HOME": str(xdg), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    subprocess.run([sys.executable, "-m", "dchag", "install-profile", "slurm"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "dchag", "install-profile", "slurm"], env=env, check=True, capture_output=True
+    )
     assert (xdg / "snakemake" / "slurm" / "profile.yaml").exists()
     return env
 
 
 # What the test checks, not `all` (figures, the climatology forecast, the summary): CI's time.
-TARGETS = [f"results/demo/train/{RUN}/final", f"results/demo/eval/era5/scores_{RUN}_wb2.csv",
-           "results/demo/eval/era5/scores_persistence_wb2.csv"]
-SLURM_ARGS = ["--profile", "slurm", "--slurm-status-command", "squeue", "--slurm-no-account",
-              "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2", "--jobs", "4"]
+TARGETS = [
+    f"results/demo/train/{RUN}/final",
+    f"results/demo/eval/era5/scores_{RUN}_wb2.csv",
+    "results/demo/eval/era5/scores_persistence_wb2.csv",
+]
+SLURM_ARGS = [
+    "--profile",
+    "slurm",
+    "--slurm-status-command",
+    "squeue",
+    "--slurm-no-account",
+    "--slurm-init-seconds-before-status-checks",
+    "2",
+    "--seconds-between-status-checks",
+    "2",
+    "--jobs",
+    "4",
+]
 
 
 def _final_tensors(run_dir: Path) -> dict:
@@ -77,8 +92,13 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
         d.mkdir()
         (d / "small.yaml").write_text(config.read_text())
     log = open(tmp_path / "slurm_run.log", "w")
-    run = subprocess.Popen([*SNAKEMAKE, *TARGETS, "--directory", str(remote), "--configfile", str(config), *SLURM_ARGS],
-                           env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [*SNAKEMAKE, *TARGETS, "--directory", str(remote), "--configfile", str(config), *SLURM_ARGS],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     # Cancel the training job once it has written a checkpoint: Slurm ends it, Snakemake
     # resubmits it (profile: retries), the new job resumes from the checkpoint.
     ckpt = remote / "results" / "demo" / "train" / RUN / "checkpoints" / "step_10" / ".metadata"
@@ -105,10 +125,34 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     assert "resum" in train_log.lower(), train_log[-2000:]
     (run_config,) = (remote / ".snakemake" / "dchag-config").glob(f"run-{RUN}-*.json")
     era5 = remote / "results" / "demo" / "era5"
-    reference = subprocess.run([sys.executable, "-m", "dchag", "launch-train", "--config", str(run_config), "--run-name", RUN,
-                                "--output", str(local / "results" / "demo" / "train" / RUN), "--train-data", str(era5 / "train.zarr"),
-                                "--val-data", str(era5 / "val.zarr"), "--nproc", "2", "--max-restarts", "0", "--threads-per-rank", "1"],
-                               env=env, capture_output=True, text=True, timeout=900)
+    reference = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dchag",
+            "launch-train",
+            "--config",
+            str(run_config),
+            "--run-name",
+            RUN,
+            "--output",
+            str(local / "results" / "demo" / "train" / RUN),
+            "--train-data",
+            str(era5 / "train.zarr"),
+            "--val-data",
+            str(era5 / "val.zarr"),
+            "--nproc",
+            "2",
+            "--max-restarts",
+            "0",
+            "--threads-per-rank",
+            "1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert reference.returncode == 0, (reference.stdout + reference.stderr)[-3000:]
     a = _final_tensors(local / "results" / "demo" / "train" / RUN)
     b = _final_tensors(remote / "results" / "demo" / "train" / RUN)
@@ -121,9 +165,26 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     assert list((remote / "logs" / "slurm").rglob("*.log")), "no Slurm job logs"
 
     # A failing job: Snakemake fails and names the job's Slurm log.
-    bad = small_config(tmp_path / "bad.yaml", map_variable="no_such_variable")  # the map figure's job fails
-    proc = subprocess.run([*SNAKEMAKE, "results/demo/figures/forecast_maps.png", "--directory", str(remote), "--configfile",
-                           str(bad), *SLURM_ARGS, "--retries", "0"], env=env, capture_output=True, text=True, timeout=600)
+    # The map figure's job fails at run time (the plan refuses a bad config before any job): its
+    # truth store damaged after it was written.
+    (remote / "results" / "demo" / "eval" / "era5" / "truth.zarr" / "zarr.json").write_text("damaged")
+    proc = subprocess.run(
+        [
+            *SNAKEMAKE,
+            "results/demo/figures/forecast_maps.png",
+            "--directory",
+            str(remote),
+            "--configfile",
+            str(config),
+            *SLURM_ARGS,
+            "--retries",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "fig_forecast_maps" in text and "logs/slurm" in text, text[-3000:]

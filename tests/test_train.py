@@ -18,31 +18,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
-from conftest import small_era5_config
 from distributed import free_port, run_distributed
-from dchag.era5.preprocess import build_split, make_weights, normalization_stats, preprocess_year
 
 BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    """Tiny ERA5 train/val stores (10 daily steps each) made by the real preprocessing."""
-    from dchag.era5 import demo
-
-    raw = tmp_path_factory.mktemp("raw")
-    for year in (2001, 2002, 2003):
-        demo.write_year(raw, year, 3.75, [500, 850], days=12)
-    demo.write_constants(raw, 3.75)
-    cfg = small_era5_config(raw)
-    root = tmp_path_factory.mktemp("results")
-    make_weights(cfg["era5"], 2001, root / "w.nc")
-    years = {y: preprocess_year(cfg["era5"], y, root / "w.nc", root / f"y{y}.zarr") for y in (2001, 2002, 2003)}
-    stats = normalization_stats([years[2001]], root / "stats.json")
-    for split, y in (("train", 2001), ("val", 2002)):
-        build_split(split, [years[y]], stats, root / "era5" / f"{split}.zarr")
-    return root, cfg
 
 
 def test_the_forecast_dataset_reads_the_same_samples_from_memory_or_zarr(data_root):
@@ -63,7 +41,9 @@ def test_the_forecast_dataset_reads_the_same_samples_from_memory_or_zarr(data_ro
     for d in (zarr_read, cached):
         for i, (x, lead, y) in zip([5, 0, 5], d.__getitems__([5, 0, 5])):
             assert lead.item() in (24.0, 48.0) and lead.item() == d.lead_of(i)
-            assert np.array_equal(x.numpy(), values[i, 2:5]) and np.array_equal(y.numpy(), values[i + int(lead) // 24, out])
+            assert np.array_equal(x.numpy(), values[i, 2:5]) and np.array_equal(
+                y.numpy(), values[i + int(lead) // 24, out]
+            )
         assert all(torch.equal(a, b) for a, b in zip(d[1], zarr_read[1]))
 
 
@@ -75,10 +55,17 @@ def run_config(cfg: dict, **train) -> dict:
     out = {
         **cfg,
         "model": {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 4, "aggregation": "linear"},
-        "parallel": {"tp": 2, "strategy": "dchag", "dp": "none"},
+        "parallel": {"tp": 2, "strategy": "dchag", "data_parallel": "none"},
         "train": {
-            "steps": 30, "batch_size": 2, "lr": 0.003, "warmup_steps": 3, "checkpoint_every": 10, "val_every": 10,
-            "val_batches": 2, "seed": 3, "forecast": {"outputs": ["z500", "t2m"], "lead_hours": [24, 48]},
+            "steps": 30,
+            "batch_size": 2,
+            "lr": 0.003,
+            "warmup_steps": 3,
+            "checkpoint_every": 10,
+            "val_every": 10,
+            "val_batches": 2,
+            "seed": 3,
+            "forecast": {"outputs": ["z500", "t2m"], "lead_hours": [24, 48]},
             "runs": {"f": {"task": "forecast"}},
         },
     }
@@ -87,9 +74,26 @@ def run_config(cfg: dict, **train) -> dict:
 
 
 def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
-           "--monitor-interval", "0.5",
-           "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir), *_stores(root)]
+    cmd = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        str(restarts),
+        "--monitor-interval",
+        "0.5",
+        "-m",
+        "dchag",
+        "train",
+        "--config",
+        json.dumps(cfg),
+        "--run-name",
+        "f",
+        "--output",
+        str(outdir),
+        *_stores(root),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outdir.mkdir(parents=True, exist_ok=True)
     log = open(outdir.parent / f"{outdir.name}.out", "w")  # a file, not a pipe: a full pipe would block the run
@@ -167,16 +171,42 @@ def _tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def _cli(cfg, tmp_path, root):
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    return subprocess.run([sys.executable, "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f",
-                           "--output", str(tmp_path / "run"), *_stores(root)], capture_output=True, text=True, env=env)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dchag",
+            "train",
+            "--config",
+            json.dumps(cfg),
+            "--run-name",
+            "f",
+            "--output",
+            str(tmp_path / "run"),
+            *_stores(root),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize(
     "edit, message",
     [
         (lambda c: c["parallel"].update(tp=2), "world size 1 is not a multiple of the tensor-parallel size tp=2"),
-        (lambda c: c["era5"]["channels"]["single_level"].append("mean_sea_level_pressure"), "lacks channel(s) the model expects: msl"),
+        (
+            lambda c: c["era5"]["channels"]["single_level"].append("mean_sea_level_pressure"),
+            "lacks channel(s) the model expects: msl",
+        ),
         (lambda c: c["train"]["forecast"].update(lead_hours=[24, 2400]), "lead time 2400 h is beyond the data's range"),
     ],
     ids=["world vs tp", "missing channel", "lead time"],
@@ -193,14 +223,48 @@ def test_bad_training_inputs(data_root, tmp_path, edit, message):
 
 
 def _checkpoint_other_model(rank, world, tmp):
-    from dchag.model import ChannelViT, ModelConfig
+    from dchag.model import ChannelViT
+    from dchag.model.build import model_config_of
     from dchag.train import checkpoint as ckpt
+    from dchag.train import state
 
-    a = ChannelViT(ModelConfig(in_channels=6, img_size=(8, 8), embed_dim=16, depth=1, num_heads=2, aggregation="linear", groups=2, out_channels=[0]))
-    b = ChannelViT(ModelConfig(in_channels=6, img_size=(8, 8), embed_dim=32, depth=2, num_heads=2, aggregation="linear", groups=2, out_channels=[0]))
-    ckpt.save(ckpt.state(a, torch.optim.AdamW(a.parameters()), {"step": 1}), Path(tmp) / "ck")
+    a = ChannelViT(
+        model_config_of(
+            in_channels=6,
+            img_size=(8, 8),
+            embed_dim=16,
+            depth=1,
+            num_heads=2,
+            aggregation="linear",
+            groups=2,
+            out_channels=[0],
+            task="forecast",
+        )
+    )
+    b = ChannelViT(
+        model_config_of(
+            in_channels=6,
+            img_size=(8, 8),
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            aggregation="linear",
+            groups=2,
+            out_channels=[0],
+            task="forecast",
+        )
+    )
+
+    def parts(model):
+        return {
+            "model": state.ModelState(model),
+            "optim": state.OptimizerState(model, torch.optim.AdamW(model.parameters())),
+            "trainer": state.CountersState({"step": 1}),
+        }
+
+    ckpt.save(ckpt.flatten(parts(a)), Path(tmp) / "ck")
     with pytest.raises(ckpt.CheckpointError) as err:
-        ckpt.load(ckpt.state(b, torch.optim.AdamW(b.parameters()), {"step": 0}), Path(tmp) / "ck")
+        ckpt.load(ckpt.flatten(parts(b)), Path(tmp) / "ck")
     msg = str(err.value)
     assert "another model" in msg and "missing from the checkpoint: model.blocks.1.attn.inner.proj.bias" in msg
     assert "model.blocks.0.mlp.fc1.weight (64, 16) vs (128, 32)" in msg
@@ -236,7 +300,9 @@ def test_cluster_launch_command_from_a_slurm_allocation():
     assert "--standalone" in torchrun_command(2, 1, [], {"PATH": "/nonexistent"})
     # A one-node allocation: standalone (a free port), so jobs sharing a node do not collide.
     one = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node07", "SLURM_NNODES": "1", "PATH": "/nonexistent"}
-    assert "--standalone" in torchrun_command(2, 1, [], one) and "--rdzv-backend=c10d" not in torchrun_command(2, 1, [], one)
+    assert "--standalone" in torchrun_command(2, 1, [], one) and "--rdzv-backend=c10d" not in torchrun_command(
+        2, 1, [], one
+    )
 
 
 def test_launch_sets_every_math_library_thread_count_per_rank():
@@ -248,16 +314,28 @@ def test_launch_sets_every_math_library_thread_count_per_rank():
     env = rank_thread_env(job, 1)
     assert {k: env[k] for k in THREAD_VARS} == dict.fromkeys(THREAD_VARS, "1") and env["PATH"] == "/bin"
     code = "import torch; print(torch.get_num_threads())"
-    out = subprocess.run([sys.executable, "-c", code], env=rank_thread_env({**os.environ, **job}, 1), capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=rank_thread_env({**os.environ, **job}, 1), capture_output=True, text=True
+    )
     assert out.stdout.strip() == "1", out.stderr
 
 
 ALTERNATIVES = {
-    "ddp int8-ef, fixed groups, rotation": ({"aggregation": "linear", "groups": 4},
-                                            {"tp": 1, "strategy": "baseline", "dp": "ddp", "comm_hook": "int8_ef", "ddp_bucket_mb": 0.05},
-                                            {"rotation": {"fraction": 0.5, "lr_scale": 2.0}}),
-    "ddp powersgd": ({"aggregation": "baseline"}, {"tp": 1, "strategy": "baseline", "dp": "ddp", "comm_hook": "powersgd"}, {}),
-    "fsdp zero2": ({"aggregation": "baseline"}, {"tp": 1, "strategy": "baseline", "dp": "fsdp", "fsdp_reshard_after_forward": False}, {}),
+    "ddp int8-ef, fixed groups, rotation": (
+        {"aggregation": "linear", "groups": 4},
+        {"tp": 1, "strategy": "baseline", "data_parallel": "ddp", "comm_hook": "int8_ef", "ddp_bucket_mb": 0.05},
+        {"rotation": {"fraction": 0.5, "lr_scale": 2.0}},
+    ),
+    "ddp powersgd": (
+        {"aggregation": "baseline"},
+        {"tp": 1, "strategy": "baseline", "data_parallel": "ddp", "comm_hook": "powersgd"},
+        {},
+    ),
+    "fsdp zero2": (
+        {"aggregation": "baseline"},
+        {"tp": 1, "strategy": "baseline", "data_parallel": "fsdp", "fsdp_reshard_after_forward": False},
+        {},
+    ),
 }
 
 
@@ -300,9 +378,9 @@ def _int8_hook_check(rank, world):
     scale = max(float(g.abs().max()) for g in everyone) / 127
     assert (lin.weight.grad - mean).abs().max() <= scale  # within one quantisation step
     assert hook.residuals and all(r.abs().max() <= scale for r in hook.residuals.values())
-    state = hook.residual_state(ddp, lambda n: n.removeprefix("module."))  # per parameter, this rank's
-    assert set(state) == {f"comm_hook.rank{rank}.weight", f"comm_hook.rank{rank}.bias"}
-    assert state[f"comm_hook.rank{rank}.weight"].numel() == lin.weight.numel()
+    state = hook.checkpoint_part(ddp).state_dict()  # per parameter, this rank's
+    assert set(state) == {f"rank{rank}.weight", f"rank{rank}.bias"}
+    assert state[f"rank{rank}.weight"].numel() == lin.weight.numel()
     assert hook.fall_back(5) and hook.active == "fp16" and not hook.fall_back(6)
 
 
@@ -347,22 +425,29 @@ def test_int8_error_feedback_carries_the_quantisation_error_across_steps():
 def test_int8_error_feedback_resumes_with_its_residuals(data_root, tmp_path):
     """The 8-bit hook's error-feedback residuals are in the checkpoint (per rank, per
     parameter): a run resumed from step 4 ends exactly where the uninterrupted run ends."""
-    from dchag.train.checkpoint import _saved_shapes
+    from dchag.train.checkpoint import saved_shapes
 
     root, base = data_root
     cfg = run_config(base, steps=8, checkpoint_every=4, val_every=8)
     cfg["model"].update({"aggregation": "baseline"})
-    cfg["parallel"] = {"tp": 1, "strategy": "baseline", "dp": "ddp", "comm_hook": "int8_ef", "ddp_bucket_mb": 0.05}
+    cfg["parallel"] = {
+        "tp": 1,
+        "strategy": "baseline",
+        "data_parallel": "ddp",
+        "comm_hook": "int8_ef",
+        "ddp_bucket_mb": 0.05,
+    }
     a, b = tmp_path / "a", tmp_path / "b"
     text = finish(torchrun(cfg, a, root), a)
     assert (a / "final" / ".metadata").exists(), text[-3000:]
-    saved = _saved_shapes(a / "checkpoints" / "step_4")
+    saved = saved_shapes(a / "checkpoints" / "step_4")
     for rank in (0, 1):
         residuals = {k: v for k, v in saved.items() if k.startswith(f"comm_hook.rank{rank}.")}
-        assert f"comm_hook.rank{rank}.head.0.weight" in residuals and len(residuals) == sum(k.startswith("model.") for k in saved)
+        assert f"comm_hook.rank{rank}.head.0.weight" in residuals and len(residuals) == sum(
+            k.startswith("model.") for k in saved
+        )
     (b / "checkpoints").mkdir(parents=True)
     shutil.copytree(a / "checkpoints" / "step_4", b / "checkpoints" / "step_4")
-    shutil.copy(a / "checkpoints" / "run_config.json", b / "checkpoints" / "run_config.json")
     text = finish(torchrun(cfg, b, root), b)
     assert "resuming from" in text and (b / "final" / ".metadata").exists(), text[-3000:]
     wa, wb = final_weights(a), final_weights(b)
@@ -374,11 +459,20 @@ def test_int8_error_feedback_resumes_with_its_residuals(data_root, tmp_path):
 def test_step_peak_on_the_cpu_with_a_frozen_parameter():
     """MemTracker on a model with a frozen parameter (the MAE decoder's fixed position
     embedding); the peak covers parameters, gradients, optimizer state and activations."""
-    from dchag.model import ChannelViT, ModelConfig
+    from dchag.model import ChannelViT
+    from dchag.model.build import model_config_of
     from dchag.train.memory import step_peak
 
-    cfg = ModelConfig(in_channels=6, img_size=(16, 16), patch_size=4, embed_dim=32, depth=1, num_heads=4, task="mae",
-                      decoder_dim=16, decoder_depth=1, decoder_heads=2)
+    cfg = model_config_of(
+        in_channels=6,
+        img_size=(16, 16),
+        patch_size=4,
+        embed_dim=32,
+        depth=1,
+        num_heads=4,
+        task="mae",
+        decoder={"dim": 16, "depth": 1, "num_heads": 2},
+    )
     model = ChannelViT(cfg)
     assert any(not p.requires_grad for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters())
@@ -394,7 +488,9 @@ def test_step_peak_on_the_cpu_with_a_frozen_parameter():
         step()
     params = sum(p.numel() * 4 for p in model.parameters()) / 2**20
     assert mem["parameters"] == pytest.approx(params, rel=0.05)
-    assert mem["optimizer"] == pytest.approx(2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad) / 2**20, rel=0.05)
+    assert mem["optimizer"] == pytest.approx(
+        2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad) / 2**20, rel=0.05
+    )
     assert mem["total"] > mem["parameters"] + mem["optimizer"] and mem["activations"] > 0
 
 
@@ -417,22 +513,37 @@ def test_a_harmless_change_resumes_a_changed_model_restarts_naming_the_keys(data
         assert torch.allclose(wa[k], wb[k], atol=1e-6), k
     changed = run_config(base, steps=6, checkpoint_every=2, val_every=3, lr=0.001)
     text = finish(torchrun(changed, out, root), out)
-    assert "another configuration (train.lr: 0.003 -> 0.001); starting afresh" in text, text[-3000:]
+    assert "another configuration (train.lr: 0.003 -> 0.001); moved them to" in text, text[-3000:]
     assert "resuming from" not in text
+    # nothing was deleted: the other configuration's checkpoints are kept aside, with why
+    (aside,) = (out / "superseded").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["step_2", "step_4", "why.txt"]
+    assert "train.lr: 0.003 -> 0.001" in (aside / "why.txt").read_text()
 
 
 def test_single_process_groups_need_no_port():
     """`dchag` commands run without torchrun make a group of one in memory: two at once on one
     machine do not collide (there is no fixed port)."""
-    code = ("import os, time; from dchag.parallel import init_distributed; import torch, torch.distributed as dist; "
-            "init_distributed(); t = torch.ones(1); dist.all_reduce(t); time.sleep(2); "
-            "assert 'MASTER_PORT' not in os.environ; print(dist.get_world_size())")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK")}
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(2)]
+    code = (
+        "import os, time; from dchag.parallel import init_distributed; import torch, torch.distributed as dist; "
+        "init_distributed(); t = torch.ones(1); dist.all_reduce(t); time.sleep(2); "
+        "assert 'MASTER_PORT' not in os.environ; print(dist.get_world_size())"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK")
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert [o.strip() for o, _ in outs] == ["1", "1"]
+    # the world size, printed last (torch 2.10's gloo prints a connection line on stdout first)
+    assert [o.strip().splitlines()[-1] for o, _ in outs] == ["1", "1"]
 
 
 @pytest.mark.integration
@@ -442,7 +553,7 @@ def test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group(data_root, t
     TP 2 x FSDP 2 — and train to the weights of the same run as 4 processes on one node."""
     root, base = data_root
     cfg = run_config(base, steps=6, checkpoint_every=3, val_every=3)
-    cfg["parallel"] = {"tp": 2, "strategy": "dchag", "dp": "fsdp"}
+    cfg["parallel"] = {"tp": 2, "strategy": "dchag", "data_parallel": "fsdp"}
     cfg["train"]["nproc"] = 2
     one = torchrun(cfg, tmp_path / "one", root, nproc=4)
     out = finish(one, tmp_path / "one")
@@ -454,13 +565,39 @@ def test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group(data_root, t
     agents = []
     for node in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "MASTER_"))}
-        env.update(SLURM_JOB_ID="9001", SLURM_JOB_NODELIST="localhost,localhost", SLURM_NNODES="2", SLURM_NODEID=str(node),
-                   SLURM_PROCID=str(node), SLURM_NTASKS="2", SLURM_LOCALID="0", DCHAG_RDZV_PORT=str(port), OMP_NUM_THREADS="1",
-                   PATH=f"{BIN}:{env['PATH']}")
+        env.update(
+            SLURM_JOB_ID="9001",
+            SLURM_JOB_NODELIST="localhost,localhost",
+            SLURM_NNODES="2",
+            SLURM_NODEID=str(node),
+            SLURM_PROCID=str(node),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID="0",
+            DCHAG_RDZV_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PATH=f"{BIN}:{env['PATH']}",
+        )
         log = open(tmp_path / f"agent{node}.out", "w")
-        agents.append(subprocess.Popen([str(BIN / "dchag"), "launch-train", "--config", str(config), "--run-name", "f",
-                                        "--output", str(tmp_path / "two"), *_stores(root), "--max-restarts", "0"],
-                                       stdout=log, stderr=subprocess.STDOUT, env=env))
+        agents.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "dchag"),
+                    "launch-train",
+                    "--config",
+                    str(config),
+                    "--run-name",
+                    "f",
+                    "--output",
+                    str(tmp_path / "two"),
+                    *_stores(root),
+                    "--max-restarts",
+                    "0",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        )
     for a in agents:
         a.wait(timeout=400)
     logs = [(tmp_path / f"agent{n}.out").read_text() for n in range(2)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import REPO
+
 from dchag.store import open_store
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
@@ -27,18 +28,46 @@ def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = 
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
-DEMO_JOBS = {  # the demo's plan: 3 ERA5 years + constants, 6 training runs (3 tasks x baseline/D-CHAG), ...
-    "era5_demo_year": 4, "era5_demo_constants": 1, "era5_weights": 1, "era5_year": 4, "era5_stats": 1, "era5_split": 3,
-    "era5_climatology": 1, "hsi_demo": 1, "hsi_classification": 1, "hsi_mae": 1, "train": 6, "train_summary": 1,
-    "era5_truth": 1, "forecast": 2, "baseline_forecast": 2, "score": 8, "compare_scores": 2, "evaluate_mae": 2,
-    "evaluate_classify": 2, "hsi_scores": 1, "fig_loss_curves": 1, "fig_lead_time": 2, "fig_forecast_maps": 1,
-    "fig_hsi_reconstruction": 1, "fig_classification": 1, "all": 1,
+DEMO_JOBS = {  # the demo's plan: 3 ERA5 years + constants, 12 training runs (3 tasks x baseline/D-CHAG, the
+    # foundation experiment's 4 fine-tuned / linear-probe classifiers, a channel subset and its fine-tuning), ...
+    "era5_demo_year": 4,
+    "era5_demo_constants": 1,
+    "era5_weights": 1,
+    "era5_year": 4,
+    "era5_year_stats": 2,
+    "era5_stats": 1,
+    "era5_split_part": 4,
+    "era5_split": 3,
+    "era5_climatology_part": 2,
+    "era5_climatology": 1,
+    "hsi_demo": 1,
+    "hsi_classification": 1,
+    "hsi_mae": 1,
+    "train": 12,
+    "export_model": 3,  # the runs others start from: mae-baseline, mae-dchag, forecast-subset
+    "train_summary": 1,
+    "era5_truth": 1,
+    "wb2_climatology": 1,
+    "forecast": 4,
+    "baseline_forecast": 2,
+    "score": 12,
+    "compare_scores": 2,
+    "evaluate_mae": 2,
+    "evaluate_classification": 6,
+    "hsi_scores": 1,
+    "fig_loss_curves": 1,
+    "fig_lead_time": 2,
+    "fig_forecast_maps": 1,
+    "fig_hsi_reconstruction": 1,
+    "fig_classification": 1,
+    "fig_foundation": 1,
+    "all": 1,
 }
 
 
 def job_counts(out: str) -> dict[str, int]:
     """Snakemake's 'Job stats' table of a dry run as {rule: count}."""
-    table = out[out.index("Job stats:"):].splitlines()[3:]
+    table = out[out.index("Job stats:") :].splitlines()[3:]
     counts = {}
     for line in table:
         parts = line.split()
@@ -92,10 +121,16 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
 
     with open(tmp_path / "results" / "demo" / "train" / "summary.csv") as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    assert {r["run"] for r in rows} == {f"{t}-{v}" for t in ("forecast", "mae", "classify") for v in ("baseline", "dchag")}
+    experiment = {f"classification-{v}-{s}" for v in ("baseline", "dchag") for s in ("ft", "probe")}
+    experiment |= {"forecast-subset", "forecast-full-ft"}
+    assert {r["run"] for r in rows} == {
+        f"{t}-{v}" for t in ("forecast", "mae", "classification") for v in ("baseline", "dchag")
+    } | experiment
     for r in rows:
-        assert float(r["loss_last"]) < 0.85 * float(r["loss_first"]), r
+        if not r["run"].endswith("-probe"):  # a linear probe trains a head only
+            assert float(r["loss_last"]) < 0.85 * float(r["loss_first"]), r
         assert (tmp_path / "results" / "demo" / "train" / r["run"] / "final" / ".metadata").exists()
+    check_foundation_experiment(tmp_path / "results" / "demo", rows)
     # Rerunning does nothing: results are up to date.
     again = snakemake(tmp_path, "-n", configfile=demo)
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -105,7 +140,10 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     assert redraw.returncode == 0, redraw.stderr
     import re
 
-    planned = {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", redraw.stdout + redraw.stderr, re.M)} - {"total", "figures"}
+    planned = {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", redraw.stdout + redraw.stderr, re.M)} - {
+        "total",
+        "figures",
+    }
     assert planned == set(FIGURE_RULES), planned
     # The paper target's accuracy figure from the demo's own runs (the measured sweep points
     # are test_paper_sweep_measures_every_point_and_draws_its_figures'); nothing else reruns.
@@ -157,9 +195,23 @@ def test_paper_sweep_measures_every_point_and_draws_its_figures(tmp_path):
     check_report_in_browser(report, [f"{k}.png" for k in PAPER_FIGURES if k != "accuracy"])
 
 
-FIGURE_RULES = ["fig_loss_curves", "fig_lead_time", "fig_forecast_maps", "fig_hsi_reconstruction", "fig_classification"]
-FIGURES_PNG = ["loss_curves.png", "lead_time_wb2.png", "lead_time_climax.png", "forecast_maps.png", "hsi_reconstruction.png",
-               "classification.png"]
+FIGURE_RULES = [
+    "fig_loss_curves",
+    "fig_lead_time",
+    "fig_forecast_maps",
+    "fig_hsi_reconstruction",
+    "fig_classification",
+    "fig_foundation",
+]
+FIGURES_PNG = [
+    "loss_curves.png",
+    "lead_time_wb2.png",
+    "lead_time_climax.png",
+    "forecast_maps.png",
+    "hsi_reconstruction.png",
+    "classification.png",
+    "foundation.png",
+]
 
 
 PAPER_OVERLAY = """
@@ -167,12 +219,13 @@ paper:
   gpus_per_node: 4  # one machine: TP 4 in one job, not two "nodes" under srun
   steps: 1
   warmup: 1
-  defaults: {width: 32, depth: 1, heads: 4, channels: 32, image: [16, 32], patch: 4, batch: 2, precision: fp32, tp: 2, dp: 1,
-             variant: baseline, tree: 0, activation_checkpointing: false}
+  defaults: {width: 32, depth: 1, heads: 4, channels: 32, image: [16, 32], patch: 4, batch: 2, precision: fp32,
+             tp: 2, dp: 1, variant: baseline, tree: 0, activation_checkpointing: false}
   sweeps:
     front_share: [{variant: [tokenize, tokenize+aggregate, baseline], stands_for: {width: 2048, channels: 1024, tp: 8}}]
     tokenization:
-      - {variant: [tokenize, tokenize+aggregate, dist-tokenize, dist-tokenize+gather-all], stands_for: {width: 2048, channels: 1024, tp: 8}}
+      - {variant: [tokenize, tokenize+aggregate, dist-tokenize, dist-tokenize+gather-all],
+         stands_for: {width: 2048, channels: 1024, tp: 8}}
     tree: [{variant: [dchag-l, dchag-c], tree: [0, 2], stands_for: {width: 2048, channels: 1024, tp: 8}}]
     full_models: [{variant: [baseline, dchag-c, dchag-l], stands_for: {width: 2048, channels: 1024, tp: 8}}]
     tp_scaling: [{variant: [baseline, dchag-l], tp: [2, 4], stands_for: {width: 2048, channels: 1024, tp: [8, 16]}}]
@@ -204,7 +257,9 @@ def check_paper(results: Path) -> None:
         assert "scaled down" in caption and "CPU" in caption and "published" in caption, caption
         table = pd.read_csv(png.with_suffix(".csv"), comment="#")
         if kind != "front_share":
-            memory = table[table.metric == "memory"]  # (full_models adds TFLOPS rows: published and measured, no prediction)
+            memory = table[
+                table.metric == "memory"
+            ]  # (full_models adds TFLOPS rows: published and measured, no prediction)
             assert memory.published.notna().any() and memory.predicted.notna().all() and table.measured.notna().all()
             known = memory[memory.published.notna()]
             assert (known.prediction_error.abs() < 0.35).all(), known
@@ -256,7 +311,14 @@ def check_evaluation(results: Path) -> None:
     import xarray as xr
 
     ev = results / "eval"
-    for source in ("forecast-baseline", "forecast-dchag", "persistence", "climatology"):
+    for source in (
+        "forecast-baseline",
+        "forecast-dchag",
+        "forecast-subset",
+        "forecast-full-ft",
+        "persistence",
+        "climatology",
+    ):
         for conv in ("wb2", "climax"):
             df = pd.read_csv(ev / "era5" / f"scores_{source}_{conv}.csv")
             assert list(df.columns) == ["variable", "lead_time_hours", "metric", "value", "convention"]
@@ -264,18 +326,53 @@ def check_evaluation(results: Path) -> None:
             assert set(df.lead_time_hours) == {168, 336, 720} and (df.convention == conv).all()
             rmse = df[df.metric == "rmse"].value
             assert rmse.notna().all() and (rmse > 0).all()
-    fc = xr.open_zarr(ev / "era5" / "forecast_forecast-dchag.zarr", consolidated=False)
-    assert fc.z500.dims == ("time", "prediction_timedelta", "latitude", "longitude")
-    assert 4e4 < float(fc.z500.mean()) < 6.5e4  # physical units (m2 s-2), not normalised
+    fc = xr.open_zarr(ev / "era5" / "forecast_forecast-dchag.zarr")  # WeatherBench 2's layout, default arguments
+    assert fc.geopotential.dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
+    assert 4e4 < float(fc.geopotential.sel(level=500).mean()) < 6.5e4  # physical units (m2 s-2), not normalised
     table = pd.read_csv(ev / "era5" / "comparison_forecast-dchag_wb2.csv")
     assert {"percent_change", "forecast-baseline", "forecast-dchag"} <= set(table.columns)
     assert set(table.metric) == {"rmse", "mse", "acc"} and table.percent_change.notna().all()
     hsi = pd.read_csv(ev / "hsi" / "scores.csv")
-    assert set(hsi.run) == {"mae-baseline", "mae-dchag", "classify-baseline", "classify-dchag"}
+    classification = {f"classification-{v}{s}" for v in ("baseline", "dchag") for s in ("", "-ft", "-probe")}
+    assert set(hsi.run) == {"mae-baseline", "mae-dchag"} | classification
     assert set(hsi[hsi.task == "mae"].region) == {"masked", "full"}
     for name in FIGURES_PNG:
         png = results / "figures" / name
         assert png.stat().st_size > 10_000 and png.with_suffix(".pdf").exists(), name
+
+
+def check_foundation_experiment(results: Path, rows: list[dict]) -> None:
+    """MAE pretraining, then classification fine-tuned / probed from it at equal steps: the
+    runs started from the MAE runs' weights, the table and the figure hold their test scores."""
+    import pandas as pd
+
+    by_run = {r["run"]: r for r in rows}
+    assert (
+        by_run["classification-dchag-ft"]["init_from"] == "mae-dchag"
+        and by_run["classification-dchag-ft"]["frozen"] == ""
+    )
+    assert by_run["classification-baseline-probe"]["frozen"] == "tokenizer+aggregation+blocks"
+    assert by_run["forecast-full-ft"]["init_from"] == "forecast-subset"
+    assert (
+        len(
+            {
+                by_run[r]["steps"]
+                for r in ("classification-dchag", "classification-dchag-ft", "classification-dchag-probe")
+            }
+        )
+        == 1
+    )
+    init = json.loads((results / "train" / "classification-dchag-ft" / "init.json").read_text())
+    assert init["channels"] == {"matched": 200, "of": 200, "by": "band centre", "new": []}
+    assert any(r.startswith("pos_embed: grid (4, 4) -> (7, 7)") for r in init["resized"])
+    assert any(n.startswith("head.weight") for n in init["new"])  # another task's head: re-initialised
+    sub = json.loads((results / "train" / "forecast-full-ft" / "init.json").read_text())
+    assert sub["channels"]["matched"] == 10 and sub["channels"]["new"] == [
+        "u250", "u500", "u850", "v250", "v500", "v850", "q250", "q500", "q850", "orography"
+    ]  # fmt: skip
+    table = pd.read_csv(results / "figures" / "foundation.csv")
+    assert set(table.start) == {"from scratch", "fine-tuned from MAE", "linear probe"}
+    assert set(table.variant) == {"baseline", "dchag-l"} and table.overall_accuracy.between(0, 1).all()
 
 
 def check_verification(results: Path) -> None:
@@ -285,11 +382,18 @@ def check_verification(results: Path) -> None:
     assert list(verdict.run) == ["verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l"]
     assert (verdict.steps == 8).all() and (verdict.step_s > 0).all() and (verdict.peak_mem_mib_max_rank > 0).all()
     assert verdict.set_index("run").verdict["verify-dp"] == "reference"
-    assert set(verdict.verdict) <= {"reference", "adopt", "no: step time not 5% lower", "no: validation loss 5%+ worse",
-                                    "inconclusive: the step-time change crosses -5% over the repeats"}
+    assert set(verdict.verdict) <= {
+        "reference",
+        "adopt",
+        "no: step time not 5% lower",
+        "no: validation loss 5%+ worse",
+        "inconclusive: the step-time change crosses -5% over the repeats",
+    }
     assert (verdict.repeats == 1).all() and (verdict.step_s_min <= verdict.step_s_max).all()
     assert (results / "figures" / "verify.png").stat().st_size > 10_000
-    info = json.loads((results / "train" / "verify-compress" / "run.json").read_text())  # verify.repeats 1: no -r suffix
+    info = json.loads(
+        (results / "train" / "verify-compress" / "run.json").read_text()
+    )  # verify.repeats 1: no -r suffix
     assert info["compression"]["hook"] == "int8_ef"
 
 
@@ -324,18 +428,38 @@ def test_verification_repeats_interleave(tmp_path):
         (lambda c: c["era5"].update(nan_polcy="fill"), "'nan_polcy' was unexpected"),
         (lambda c: c["era5"].update(grid="fine"), "fine"),
         (lambda c: c["era5"].update(demo=False, inputs=["data/nowhere_{year}.nc"]), "data/nowhere_2016.nc"),
+        # names become folders, wildcards and words of shell commands: only safe ones pass
+        (lambda c: c.update(name="a$(touch PWNED)b"), "does not match"),
+        (lambda c: c.update(name=".."), "does not match"),
+        (lambda c: c["train"]["runs"].update({"../escape": {"task": "forecast"}}), "does not match"),
+        (lambda c: c["train"]["runs"].update({"x;touch PWNED": {"task": "forecast"}}), "does not match"),
+        (lambda c: c["era5"].update(inputs=["../outside_{year}.nc"]), "inside the working directory"),
     ],
-    ids=["misspelled key", "wrong type", "missing input file"],
+    ids=[
+        "misspelled key",
+        "wrong type",
+        "missing input file",
+        "shell in name",
+        "dot-dot name",
+        "dot-dot run",
+        "shell in run",
+        "demo writes outside",
+    ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, edit, expected):
     cfg = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     edit(cfg)
-    path = tmp_path / "bad.yaml"
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = snakemake(tmp_path, "-n", configfile=path)
+    proc = snakemake(work, "-n", configfile=path)
     assert proc.returncode != 0
     assert expected in proc.stderr + proc.stdout
-    assert not (tmp_path / "results").exists()
+    assert not (work / "results").exists()
+    # nothing ran and nothing was written beside the working directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    assert not list(tmp_path.rglob("PWNED")) and not (REPO / "PWNED").exists()
 
 
 def test_workflow_is_lint_clean_and_formatted():
@@ -350,13 +474,99 @@ def test_slurm_profile_plans_the_workflow_with_site_resources(tmp_path):
     """`--workflow-profile slurm` (profiles/slurm) plans every job with the profile's resources
     and the config's training layout; the real cluster run is tests/test_slurm.py."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
-    cmd = [*SNAKEMAKE, "--directory", str(tmp_path), "--workflow-profile", "slurm", "-n",
-           "--configfile", str(REPO / "config" / "demo.yaml")]
+    cmd = [
+        *SNAKEMAKE,
+        "--directory",
+        str(tmp_path),
+        "--workflow-profile",
+        "slurm",
+        "-n",
+        "--configfile",
+        str(REPO / "config" / "demo.yaml"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "profiles/slurm" in out
-    train = out[out.index("rule train:"):]
-    train = train[:train.index("Shell command")]
+    train = out[out.index("rule train:") :]
+    train = train[: train.index("Shell command")]
     assert "runtime=720" in train and "mem_mb=16000" in train and "nodes=1" in train, train
     assert "launch-train" in out
+
+
+# Words of rule shell commands that are never quoted: the command prefix (`dchag`, or srun in
+# front of it), and numbers or fixed words the workflow itself chooses.
+UNQUOTED = {
+    "params.dchag",
+    "params.launch",
+    "params.year",
+    "params.nproc",
+    "params.restarts",
+    "params.rank_threads",
+    "params.batch",
+    "params.tolerance",
+    "params.parts",
+    "wildcards.year",
+    "wildcards.part",
+    "wildcards.split",
+    "wildcards.kind",
+    "wildcards.convention",
+}
+
+
+def test_every_value_in_a_rule_shell_command_is_quoted():
+    """A value from the config or a path reaches a shell command only as one quoted word
+    ({x:q}); the unquoted placeholders are the command prefix and the workflow's own numbers
+    and fixed words, constrained by wildcard_constraints."""
+    rules = sorted((REPO / "workflow" / "rules").glob("*.smk"))
+    found = set()
+    for path in rules:
+        text = path.read_text()
+        for shell in re.findall(r"shell:\n((?:\s+\"[^\n]*\"\n)+)", text):
+            for name, spec in re.findall(r"(?<!\{)\{([A-Za-z_.]+)(:q)?\}(?!\})", shell):
+                found.add(name)
+                assert spec or name in UNQUOTED, f"{path.name}: {{{name}}} in a shell command is not quoted"
+    assert {"input", "output", "log", "params.cfg", "wildcards.run"} <= found  # the scan reads the rules
+
+
+def _alias_bomb() -> str:
+    """400-odd bytes of YAML that expand to 9^9 values through nested aliases."""
+    lines = ["name: demo", 'a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    return "\n".join(lines) + "\ntrain: {runs: {x: {task: *a8}}}\n"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (lambda: (REPO / "config" / "demo.yaml").read_text() + "\nname: again\n", "key 'name' is given twice"),
+        (_alias_bomb, "expands to more than 100000 values"),
+    ],
+    ids=["duplicate key", "alias bomb"],
+)
+def test_config_files_are_read_strictly_with_a_bounded_message(tmp_path, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text())
+    proc = snakemake(tmp_path, "-n", configfile=path)
+    assert proc.returncode != 0 and expected in proc.stdout + proc.stderr
+    assert len(proc.stdout + proc.stderr) < 5000
+    cli = subprocess.run(
+        [sys.executable, "-m", "dchag", "describe-model", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 2 and expected in cli.stderr and len(cli.stderr) < 1000, cli.stderr[-2000:]
+
+
+def test_report_captions_insert_only_names_the_schema_constrains():
+    """Captions are RST rendered with raw HTML allowed: they may insert only the wildcards
+    (run, source, candidate, convention, kind: constrained names) and the config's name."""
+    allowed = re.compile(r'snakemake\.wildcards\.(run|source|candidate|convention|kind)|snakemake\.config\["name"\]')
+    used = []
+    for path in (REPO / "workflow" / "report").glob("*.rst"):
+        for expr in re.findall(r"\{\{(.*?)\}\}|\{%(.*?)%\}", path.read_text()):
+            text = "".join(expr).strip()
+            used.append(text)
+            assert allowed.fullmatch(text), f"{path.name} inserts {text!r}"
+    assert "snakemake.wildcards.run" in used

@@ -25,6 +25,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import yaml
+
 from .errors import DchagError
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
@@ -71,19 +72,99 @@ def _with_defaults(validator_class):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
+MAX_VALUES = 100_000  # a config is small: more values than this is a YAML alias bomb or a mistake
+MAX_MESSAGE = 300  # characters of one schema message (it quotes the value at fault)
+MAX_ERRORS = 10
+
+
+def expanded_size(obj: Any, limit: int = MAX_VALUES) -> int:
+    """How many values ``obj`` holds once YAML aliases are expanded (shared sub-objects counted
+    each time they appear), counting up to ``limit``: YAML's aliases make a few hundred bytes
+    describe billions of values, which every later traversal (JSON, a message) would expand."""
+    memo: dict[int, int] = {}
+
+    def size(o) -> int:
+        if id(o) in memo:
+            return memo[id(o)]
+        if isinstance(o, dict):
+            n = 1 + sum(size(v) for v in o.values()) + len(o)
+        elif isinstance(o, (list, tuple)):
+            n = 1 + sum(size(v) for v in o)
+        else:
+            n = 1
+        memo[id(o)] = n = min(n, limit + 1)
+        return n
+
+    return size(obj)
+
+
+def _check_size(config: Any, source: str) -> None:
+    if expanded_size(config) > MAX_VALUES:
+        raise ConfigError(
+            f"{source}: the config expands to more than {MAX_VALUES} values (YAML anchors and aliases "
+            "repeated inside each other?); a dchag config has a few hundred"
+        )
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 25] + f" … ({len(text)} characters)"
+
+
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last
+    one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys given here override those
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice (lines {first} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """A YAML file's content: safe types only, no key twice, a bounded size."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path) as f:
+            content = yaml.load(f, Loader=_UniqueKeyLoader)  # a safe loader
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {_short(str(err))}") from err
+    _check_size(content, str(path))
+    return content
+
+
 def validate(config: dict, source: str = "config", check_files: bool = True) -> dict:
     """Validate against the schema (filling defaults, in place) and return ``config``."""
     import warnings
 
+    _check_size(config, source)
     validator_cls = _with_defaults(jsonschema.Draft202012Validator)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # RefResolver, used for $ref defaults
         errors = sorted(validator_cls(schema()).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []
-        for err in errors:
+        for err in errors[:MAX_ERRORS]:
             key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
-            lines.append(f"  key '{key}': {err.message}")
+            lines.append(f"  key '{key}': {_short(err.message)}")
+        if len(errors) > MAX_ERRORS:
+            lines.append(f"  … and {len(errors) - MAX_ERRORS} more")
         raise ConfigError(f"{source} is not a valid dchag config:\n" + "\n".join(lines))
     if check_files:
         check_config(config, source)
@@ -96,6 +177,8 @@ def check_config(config: dict, source: str = "config") -> None:
         _check_hsi(config["hsi"], source)
     era5 = config.get("era5")
     if era5:
+        import glob
+
         years = era5["years"]
         seen: dict[int, str] = {}
         for split in ("train", "val", "test"):
@@ -109,8 +192,18 @@ def check_config(config: dict, source: str = "config") -> None:
         pl = ch.get("pressure_level")
         if pl and pl["variables"] and not pl["levels"]:
             raise ConfigError(f"{source}: key 'era5.channels.pressure_level.levels' is empty")
-        if era5.get("download") and sum("{year}" in p for p in era5["inputs"]) != 1:
-            raise ConfigError(f"{source}: key 'era5.inputs': with era5.download set, give exactly one path with '{{year}}'")
+        if era5.get("demo"):
+            _check_generated(
+                era5["inputs"] + ([era5["constants"]] if era5.get("constants") else []), "era5.inputs", source
+            )
+        if era5.get("download") and (
+            sum("{year}" in p for p in era5["inputs"]) != 1
+            or any("{month}" in p or glob.has_magic(p) for p in era5["inputs"] if "{year}" in p)
+        ):
+            raise ConfigError(
+                f"{source}: key 'era5.inputs': with era5.download set, give exactly one path with '{{year}}' "
+                "(and no '{month}' or wildcard: a download writes one file per year)"
+            )
         if not era5.get("demo", False) and not era5.get("download"):
             missing = list(dict.fromkeys(p for y in sorted(seen) for p in era5_input_paths(era5, y) if not _exists(p)))
             if era5.get("constants") and not _exists(era5["constants"]):
@@ -132,6 +225,10 @@ def _check_hsi(hsi: dict, source: str) -> None:
     if "classification" not in hsi and "mae" not in hsi:
         raise ConfigError(f"{source}: key 'hsi' needs a 'classification' or an 'mae' section")
     if hsi.get("demo"):
+        if "classification" in hsi:
+            _check_generated(
+                [hsi["classification"]["image"], hsi["classification"]["labels"]], "hsi.classification", source
+            )
         return
     wanted = []
     if "classification" in hsi:
@@ -143,13 +240,38 @@ def _check_hsi(hsi: dict, source: str) -> None:
         raise ConfigError(f"{source}: key 'hsi': input file(s) not found:\n" + "\n".join(f"  {p}" for p in missing))
 
 
+def _check_generated(paths: list[str], key: str, source: str) -> None:
+    """Files the demo writes must lie inside the working directory (relative, no '..')."""
+    for path in paths:
+        parts = Path(path).parts
+        if Path(path).is_absolute() or ".." in parts or "://" in path:
+            raise ConfigError(
+                f"{source}: key '{key}': {path!r}: the demo writes its inputs here, so the path must lie "
+                "inside the working directory (relative, without '..'), e.g. resources/demo/..."
+            )
+
+
 def _exists(path: str) -> bool:
     return "://" in path or Path(path).exists()
 
 
 def era5_input_paths(era5: dict, year: int) -> list[str]:
-    """The input files for ``year``: paths with ``{year}`` filled in, others as they are."""
-    return [p.format(year=year) if "{year}" in p else p for p in era5["inputs"]]
+    """The input files for ``year``: ``{year}`` filled in, a path with ``{month}`` once for each
+    month (01..12), a glob pattern (``*``, ``?``, ``[...]``) expanded to the files it matches,
+    sorted (a pattern that matches nothing stays as it is, to be reported missing); other
+    paths as they are."""
+    import glob
+
+    out: list[str] = []
+    for pattern in era5["inputs"]:
+        months = [f"{m:02d}" for m in range(1, 13)] if "{month}" in pattern else [None]
+        for month in months:
+            path = pattern.replace("{year}", str(year))
+            if month is not None:
+                path = path.replace("{month}", month)
+            matches = sorted(glob.glob(path)) if "://" not in path and glob.has_magic(path) else []
+            out += matches or [path]
+    return list(dict.fromkeys(out))
 
 
 def load_config(spec: str | os.PathLike) -> dict:
@@ -162,14 +284,8 @@ def load_config(spec: str | os.PathLike) -> dict:
             raise ConfigError(f"inline config is not valid JSON: {err}") from err
         source = "inline config"
     else:
-        path = Path(spec)
-        if not path.exists():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            config = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
-        source = str(path)
+        config = read_yaml(spec)
+        source = str(spec)
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
     return validate(config, source)
@@ -201,7 +317,7 @@ class ModelSettings:
 class ParallelSettings:
     tp: int
     strategy: str
-    dp: str
+    data_parallel: str  # fsdp | ddp | none (the degree is the processes over tp)
     activation_checkpointing: bool
     precision: str
     fsdp_reshard_after_forward: bool
@@ -235,6 +351,8 @@ class TrainSettings:
     nodes: int
     gpus_per_node: int
     max_restarts: int
+    runtime: int
+    mem_mb: int
     seed: int
     steps: int
     batch_size: int
@@ -245,6 +363,7 @@ class TrainSettings:
     min_lr_ratio: float
     grad_clip: float
     checkpoint_every: int
+    keep_checkpoints: int | None
     val_every: int
     val_batches: int
     num_workers: int
@@ -256,6 +375,8 @@ class TrainSettings:
     forecast: ForecastSettings
     mae: MaeSettings
     rotation: Rotation | None  # None: no channel-subset rotation
+    freeze: list[str]
+    linear_probe: bool
     runs: dict[str, dict]
 
 
@@ -266,6 +387,7 @@ class EvaluateSettings:
     climax_batch_size: int | None
     inference_batch_size: int
     map_variable: str | None
+    foundation: dict[str, dict[str, str]]
     compare: dict[str, str]
 
 
@@ -304,6 +426,8 @@ class RunSettings(Settings):
 
     run: str
     task: str
+    init_from: str | None  # a run name or an exported model folder
+    channels: list[str] | None  # forecast runs: a subset of the era5 channels
 
 
 def _build(cls, value, where: str):
@@ -314,14 +438,22 @@ def _build(cls, value, where: str):
     extra = set(value) - names
     missing = names - set(value)
     if extra or missing:
-        raise ConfigError(f"config section '{where}': keys {sorted(missing)} missing, {sorted(extra)} unexpected "
-                          "(the schema and dchag.config disagree)")
+        raise ConfigError(
+            f"config section '{where}': keys {sorted(missing)} missing, {sorted(extra)} unexpected "
+            "(the schema and dchag.config disagree)"
+        )
     kwargs = {}
     for name in names:
         hint, v = hints[name], value[name]
-        sub = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)] if isinstance(hint, types.UnionType) else []
+        sub = (
+            [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]
+            if isinstance(hint, types.UnionType)
+            else []
+        )
         target = hint if dataclasses.is_dataclass(hint) else (sub[0] if sub else None)
-        kwargs[name] = _build(target, v, f"{where}.{name}") if target is not None and v is not None else copy.deepcopy(v)
+        kwargs[name] = (
+            _build(target, v, f"{where}.{name}") if target is not None and v is not None else copy.deepcopy(v)
+        )
     return cls(**kwargs)
 
 
@@ -341,7 +473,9 @@ def settings(config: dict) -> Settings:
     """The typed view of a validated config."""
     c = _complete(config)
     return Settings(
-        name=c["name"], era5=c.get("era5"), hsi=c.get("hsi"),
+        name=c["name"],
+        era5=c.get("era5"),
+        hsi=c.get("hsi"),
         model=_build(ModelSettings, c["model"], "model"),
         parallel=_build(ParallelSettings, c["parallel"], "parallel"),
         train=_build(TrainSettings, {"runs": {}, "rotation": None, **c["train"]}, "train"),  # optional keys
@@ -350,6 +484,19 @@ def settings(config: dict) -> Settings:
         paper=c.get("paper"),
         raw=config,
     )
+
+
+def model_settings(**overrides) -> ModelSettings:
+    """A ``model`` section as the schema makes it from ``overrides`` (``decoder`` a dict)."""
+    cfg = validate({"name": "model", "model": overrides}, "model settings", check_files=False)
+    return _build(ModelSettings, cfg["model"], "model")
+
+
+def parallel_settings(**overrides) -> ParallelSettings:
+    """A ``parallel`` section as the schema makes it from ``overrides`` (for library callers
+    with no config file: tests, benchmarks)."""
+    cfg = validate({"name": "parallel", "parallel": overrides}, "parallel settings", check_files=False)
+    return _build(ParallelSettings, cfg["parallel"], "parallel")
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -377,5 +524,10 @@ def run_settings(config: dict, run: str) -> RunSettings:
     """The typed config of one training run (see :func:`run_dict`)."""
     merged = run_dict(config, run)
     base = settings(merged)
-    return RunSettings(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Settings)},
-                       run=run, task=merged["train"]["runs"][run]["task"])
+    return RunSettings(
+        **{f.name: getattr(base, f.name) for f in dataclasses.fields(Settings)},
+        run=run,
+        task=merged["train"]["runs"][run]["task"],
+        init_from=merged["train"]["runs"][run].get("init_from"),
+        channels=merged["train"]["runs"][run].get("channels"),
+    )

@@ -10,16 +10,18 @@ import copy
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, Settings, TrainSettings, run_settings
+from .checks import check_run, era5_split_steps, init_source
+from .config import ConfigError, Settings, TrainSettings, run_settings, settings
 
 BASELINE_FORECASTS = ("persistence", "climatology")
 # Where each task's stores are under a data root (results/<name> in the pipeline).
 DEFAULT_STORES = {
     "forecast": {"train": "era5/train.zarr", "val": "era5/val.zarr"},
     "mae": {"train": "hsi/mae.zarr", "val": "hsi/mae.zarr"},
-    "classify": {"train": "hsi/classification.zarr", "val": "hsi/classification.zarr"},
+    "classification": {"train": "hsi/classification.zarr", "val": "hsi/classification.zarr"},
 }
 
 
@@ -43,15 +45,27 @@ def verify_runs(s: Settings) -> dict[str, dict]:
         raise ConfigError(f"config key 'verify.batch_size': {batch} does not split over {nproc} data-parallel ranks")
     common = {"steps": v.steps or s.train.steps, "measure_comm": True, "measure_memory": True}
     dp_train = {**common, "batch_size": batch // nproc}
-    ddp = {"tp": 1, "strategy": "baseline", "dp": "ddp"}
+    ddp = {"tp": 1, "strategy": "baseline", "data_parallel": "ddp"}
     runs = {
         "verify-dp": {"task": v.task, "model": {"aggregation": "baseline"}, "parallel": ddp, "train": dp_train},
-        "verify-fixed-group": {"task": v.task, "model": {"aggregation": "linear", "groups": v.groups}, "parallel": ddp,
-                               "train": dp_train},
-        "verify-compress": {"task": v.task, "model": {"aggregation": "baseline"},
-                            "parallel": {**ddp, "comm_hook": v.comm_hook, "ddp_bucket_mb": v.bucket_mb}, "train": dp_train},
-        "verify-dchag-l": {"task": v.task, "model": {"aggregation": "linear"},
-                           "parallel": {"tp": nproc, "strategy": "dchag", "dp": "none"}, "train": {**common, "batch_size": batch}},
+        "verify-fixed-group": {
+            "task": v.task,
+            "model": {"aggregation": "linear", "groups": v.groups},
+            "parallel": ddp,
+            "train": dp_train,
+        },
+        "verify-compress": {
+            "task": v.task,
+            "model": {"aggregation": "baseline"},
+            "parallel": {**ddp, "comm_hook": v.comm_hook, "ddp_bucket_mb": v.bucket_mb},
+            "train": dp_train,
+        },
+        "verify-dchag-l": {
+            "task": v.task,
+            "model": {"aggregation": "linear"},
+            "parallel": {"tp": nproc, "strategy": "dchag", "data_parallel": "none"},
+            "train": {**common, "batch_size": batch},
+        },
     }
     if v.repeats == 1:
         return runs
@@ -78,8 +92,11 @@ def all_runs(s: Settings) -> dict[str, dict]:
 
 def runs_of(s: Settings, task: str) -> list[str]:
     """The config's runs of ``task`` (only where the config has that task's dataset)."""
-    present = {"forecast": s.era5 is not None, "mae": bool(s.hsi and "mae" in s.hsi),
-               "classify": bool(s.hsi and "classification" in s.hsi)}
+    present = {
+        "forecast": s.era5 is not None,
+        "mae": bool(s.hsi and "mae" in s.hsi),
+        "classification": bool(s.hsi and "classification" in s.hsi),
+    }
     return [r for r, spec in s.train.runs.items() if spec["task"] == task] if present[task] else []
 
 
@@ -87,7 +104,9 @@ def forecast_runs(s: Settings) -> list[str]:
     runs = runs_of(s, "forecast")
     taken = [r for r in runs if r in BASELINE_FORECASTS]
     if taken:
-        raise ConfigError(f"config key 'train.runs.{taken[0]}': the name is taken by a reference forecast; rename the run")
+        raise ConfigError(
+            f"config key 'train.runs.{taken[0]}': the name is taken by a reference forecast; rename the run"
+        )
     return runs
 
 
@@ -98,7 +117,9 @@ def comparisons(s: Settings) -> dict[str, str]:
     if s.evaluate.compare:
         unknown = sorted({r for pair in s.evaluate.compare.items() for r in pair} - set(runs))
         if unknown:
-            raise ConfigError(f"config key 'evaluate.compare': {unknown} are not forecast runs ({', '.join(runs) or 'none'})")
+            raise ConfigError(
+                f"config key 'evaluate.compare': {unknown} are not forecast runs ({', '.join(runs) or 'none'})"
+            )
         return dict(s.evaluate.compare)
     baselines = [r for r in runs if run_settings(s.raw, r).parallel.strategy == "baseline"]
     if len(baselines) != 1:
@@ -115,11 +136,15 @@ def paper_accuracy(s: Settings) -> dict[str, dict[str, str]]:
     for task, by_variant in acc.items():
         for variant, run in by_variant.items():
             if run not in runs:
-                raise ConfigError(f"config key 'paper.accuracy.{task}.{variant}': {run!r} is not a run of train.runs "
-                                  f"({', '.join(runs) or 'none'})")
+                raise ConfigError(
+                    f"config key 'paper.accuracy.{task}.{variant}': {run!r} is not a run of train.runs "
+                    f"({', '.join(runs) or 'none'})"
+                )
             if runs[run]["task"] != task:  # the keys are task names (forecast, mae)
-                raise ConfigError(f"config key 'paper.accuracy.{task}.{variant}': run {run!r} trains task "
-                                  f"{runs[run]['task']!r}, expected {task!r}")
+                raise ConfigError(
+                    f"config key 'paper.accuracy.{task}.{variant}': run {run!r} trains task "
+                    f"{runs[run]['task']!r}, expected {task!r}"
+                )
         if "baseline" not in by_variant:
             raise ConfigError(f"config key 'paper.accuracy.{task}': needs a baseline run to compare with")
     forecast = acc.get("forecast", {})
@@ -127,9 +152,44 @@ def paper_accuracy(s: Settings) -> dict[str, dict[str, str]]:
         pairs = comparisons(s)
         for variant, run in forecast.items():
             if variant != "baseline" and pairs.get(run) != forecast["baseline"]:
-                raise ConfigError(f"config key 'paper.accuracy.forecast.{variant}': run {run!r} is not compared with "
-                                  f"{forecast['baseline']!r}; set evaluate.compare: {{{run}: {forecast['baseline']}}}")
+                raise ConfigError(
+                    f"config key 'paper.accuracy.forecast.{variant}': run {run!r} is not compared with "
+                    f"{forecast['baseline']!r}; set evaluate.compare: {{{run}: {forecast['baseline']}}}"
+                )
     return acc
+
+
+FOUNDATION_STARTS = {"scratch": "from scratch", "fine_tuned": "fine-tuned from MAE", "linear_probe": "linear probe"}
+
+
+def foundation(s: Settings) -> dict[str, dict[str, str]]:
+    """evaluate.foundation, checked: every run a classification run of train.runs; the fine-tuned
+    and linear-probe runs start from an MAE run (init_from), the probe with
+    train.linear_probe and the others without; all three at equal steps."""
+    out = {}
+    runs = s.train.runs
+    for variant, by_start in s.evaluate.foundation.items():
+        key = f"evaluate.foundation.{variant}"
+        for start, run in by_start.items():
+            if run not in runs or runs[run]["task"] != "classification":
+                raise ConfigError(f"config key '{key}.{start}': {run!r} is not a classification run of train.runs")
+        r = {start: run_settings(s.raw, run) for start, run in by_start.items()}
+        for start in ("fine_tuned", "linear_probe"):
+            src = runs[by_start[start]].get("init_from")
+            if src not in runs or runs[src]["task"] != "mae":
+                raise ConfigError(
+                    f"config key '{key}.{start}': run {by_start[start]!r} must start from an mae run (init_from)"
+                )
+        if r["scratch"].init_from or not r["linear_probe"].train.linear_probe or r["fine_tuned"].train.linear_probe:
+            raise ConfigError(
+                f"config key '{key}': scratch has no init_from, linear_probe sets train.linear_probe, "
+                "fine_tuned does not"
+            )
+        steps = {start: x.train.steps for start, x in r.items()}
+        if len(set(steps.values())) > 1:
+            raise ConfigError(f"config key '{key}': the runs train for different steps {steps}; compare at equal steps")
+        out[variant] = dict(by_start)
+    return out
 
 
 def run_train_settings(s: Settings, run: str) -> TrainSettings:
@@ -167,3 +227,260 @@ def write_config(cfg: dict, label: str, directory: str | Path) -> Path:
         tmp.write_text(text)
         tmp.replace(path)
     return path
+
+
+# -- the whole plan, as the rules wire it ------------------------------------------------------
+ERA5_SPLITS = ("train", "val", "test")
+HSI_STORES = ("classification", "mae")  # hsi config sections that make a store
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """Where a torchrun job runs: nodes, processes (GPUs) per node, and its Slurm limits."""
+
+    nodes: int
+    nproc: int
+    gpus_per_node: int
+    runtime: int  # minutes
+    mem_mb: int
+
+    def slurm_resources(self) -> dict:
+        """Slurm resources: nodes x processes per node; with several nodes, one task per node
+        started by srun (mpi). Site values (partition, account, a typed gres) belong in the
+        profile."""
+        return {
+            "runtime": self.runtime,
+            "mem_mb": self.mem_mb,
+            "nodes": self.nodes,
+            "tasks": self.nodes,
+            "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else "",
+            "mpi": "srun" if self.nodes > 1 else "",
+        }
+
+    def launcher(self, dchag: str) -> str:
+        """`dchag` on one node; `srun -n NODES --ntasks-per-node 1 dchag` over several."""
+        return f"srun -n {self.nodes} --ntasks-per-node 1 {dchag}" if self.nodes > 1 else dchag
+
+
+class Plan:
+    """Everything the rules wire, from a validated config: built once when the Snakefile is
+    read, so a config mistake stops the run there with one message, before any job runs."""
+
+    def __init__(self, config: dict, config_dir: str | Path = ".snakemake/dchag-config"):
+        self.settings = s = settings(config)
+        self.config_dir = Path(config_dir)
+        self.results = f"results/{s.name}"
+        self.logs = f"logs/{s.name}"
+        self.eval_dir = f"{self.results}/eval"
+        self.figures = f"{self.results}/figures"
+        self.era5 = s.era5 or {}
+        self.hsi = s.hsi or {}
+        self.evaluate = s.evaluate
+        self.train_runs = s.train.runs
+        self.verify_runs = verify_runs(s)
+        self.all_runs = all_runs(s)
+        self.forecast_runs = forecast_runs(s)
+        self.mae_runs = runs_of(s, "mae")
+        self.classification_runs = runs_of(s, "classification")
+        self.comparisons = comparisons(s)
+        self.foundation = foundation(s)
+        self.paper = s.paper or {}
+        self.paper_accuracy = paper_accuracy(s) if self.paper else {}
+        from .paper import sweep
+
+        self.paper_sweeps = sweep.sweeps(self.paper) if self.paper else {}
+        self.paper_points = sweep.all_points(self.paper) if self.paper else {}
+        self._train: dict[str, TrainSettings] = {}
+        self._era5_on_grid: bool | None = None
+        for run in self.all_runs:
+            check_run(s, run, self.all_runs)
+        if self.forecast_runs:
+            self._check_evaluation()
+
+    def _check_evaluation(self) -> None:
+        step = self.era5["time_step_hours"]
+        bad = [h for h in self.evaluate.lead_hours if h % step]
+        if bad:
+            raise ConfigError(
+                f"config key 'evaluate.lead_hours': {bad} are not multiples of era5.time_step_hours {step}"
+            )
+        span = era5_split_steps(self.era5, "test") * step
+        if max(self.evaluate.lead_hours) >= span:
+            raise ConfigError(
+                f"config key 'evaluate.lead_hours': {max(self.evaluate.lead_hours)} h is beyond the test "
+                f"years' {span} h"
+            )
+        variable = self.evaluate.map_variable
+        if variable is not None and variable not in self.forecast_variables():
+            raise ConfigError(
+                f"config key 'evaluate.map_variable': {variable!r} is not a forecast output "
+                f"({', '.join(self.forecast_variables())})"
+            )
+
+    # -- ERA5 -------------------------------------------------------------------------------
+    def era5_years(self, split: str | None = None) -> list[int]:
+        splits = [split] if split else ERA5_SPLITS
+        return sorted(y for sp in splits for y in self.era5["years"][sp])
+
+    def era5_year_store(self, year) -> str:
+        return f"{self.results}/era5/years/{year}.zarr"
+
+    def era5_year_stats(self, year) -> str:
+        """A training year's partial statistics (count, mean, M2 per channel)."""
+        return f"{self.results}/era5/statistics/{year}.json"
+
+    def era5_split_part(self, split: str, year) -> str:
+        """Year ``year``'s shards of split ``split`` (temporary: linked into the split store)."""
+        return f"{self.results}/era5/split_parts/{split}/{year}.zarr"
+
+    def era5_climatology_parts(self) -> int:
+        """Climatology parts: one per climatology year, each a block of days of every year, so
+        each reads one year's worth of data."""
+        return min(len(self.era5_years(self.era5["climatology_split"])), 366) if self.era5 else 0
+
+    def era5_climatology_part(self, part) -> str:
+        return f"{self.results}/era5/climatology_parts/{part}.zarr"
+
+    def era5_inputs(self, year) -> list[str]:
+        from .config import era5_input_paths
+
+        paths = era5_input_paths(self.era5, int(year))
+        return paths + ([self.era5["constants"]] if self.era5["constants"] else [])
+
+    @property
+    def era5_weights(self) -> str | None:
+        """The regridding weights file, or None: no ERA5 section, or inputs already on the
+        target grid (era5.regrid.inputs_on_grid; auto looks at the first input once, here)."""
+        if not self.era5:
+            return None
+        if self._era5_on_grid is None:
+            from .era5.source import inputs_on_target_grid
+
+            self._era5_on_grid = inputs_on_target_grid(self.era5)
+        if self._era5_on_grid:
+            return None
+        return f"{self.results}/era5/weights/{self.era5['regrid']['method']}_{self.era5['grid']}deg.nc"
+
+    def era5_year_inputs(self, year) -> dict[str, list[str] | str]:
+        """A year job's inputs: its files and, where the inputs need regridding, the weights."""
+        weights = self.era5_weights
+        return {"files": self.era5_inputs(year), **({"weights": weights} if weights else {})}
+
+    def forecast_variables(self) -> list[str]:
+        """The forecast variables (train.forecast.outputs, or the default five present)."""
+        from .era5.source import channel_names, forecast_outputs
+
+        return forecast_outputs(self.settings.train.forecast.outputs, channel_names(self.era5)) if self.era5 else []
+
+    # -- training ---------------------------------------------------------------------------
+    def run_train(self, run: str) -> TrainSettings:
+        """A run's train settings (top-level with its overrides): processes, nodes, GPUs."""
+        if run not in self._train:
+            self._train[run] = run_train_settings(self.settings, run)
+        return self._train[run]
+
+    def train_shape(self, run: str) -> JobShape:
+        t = self.run_train(run)
+        return JobShape(t.nodes, t.nproc, t.gpus_per_node, t.runtime, t.mem_mb)
+
+    def run_stores(self, run: str) -> dict[str, str]:
+        """The stores a run trains on: train and val."""
+        stores = default_stores(self.settings.raw, self.all_runs[run]["task"], self.results)
+        return {split: str(path) for split, path in stores.items()}
+
+    def init_model(self, run: str) -> str | None:
+        """The exported model folder a run starts from: a source run's ``<run>/model`` (exported
+        from its final checkpoint by the export rule), or the config's path."""
+        source = init_source(run, self.all_runs)
+        if source is None:
+            return None
+        kind, name = source
+        return f"{self.results}/train/{name}/model" if kind == "run" else name
+
+    def exported_runs(self) -> list[str]:
+        """Runs another run starts from (their exported models are made by the pipeline)."""
+        sources = (init_source(r, self.all_runs) for r in self.all_runs)
+        return sorted({name for src in sources if src is not None for kind, name in [src] if kind == "run"})
+
+    def run_config_file(self, run: str) -> str:
+        """The run's config file: its dataset section, model, parallel and train with only this run."""
+        return str(write_config(run_config(self.settings, run), f"run-{run}", self.config_dir))
+
+    def section_config_file(self, *sections: str) -> str:
+        """The config sections a rule uses, as a content-addressed JSON file (a rule reruns when
+        its own sections change and not when another's do)."""
+        return str(write_config(section_config(self.settings, *sections), "+".join(sections), self.config_dir))
+
+    # -- the paper's experiments --------------------------------------------------------------
+    def paper_shape(self, point: str) -> JobShape:
+        from .paper import sweep
+
+        res = sweep.resources(self.paper_points[point], self.paper["gpus_per_node"])
+        return JobShape(res.nodes, res.per_node, res.per_node, self.paper["runtime"], self.paper["mem_mb"])
+
+    def paper_point_config_file(self, point: str) -> str:
+        from .paper import sweep
+
+        cfg = sweep.point_config(self.settings.name, self.paper, self.paper_points[point])
+        return str(write_config(cfg, f"paper-{point}", self.config_dir))
+
+    # -- what `snakemake` builds --------------------------------------------------------------
+    def era5_outputs(self) -> list[str]:
+        if not self.era5:
+            return []
+        return [
+            *(f"{self.results}/era5/{split}.zarr" for split in ERA5_SPLITS),
+            f"{self.results}/era5/climatology.zarr",
+        ]
+
+    def hsi_outputs(self) -> list[str]:
+        return [f"{self.results}/hsi/{task}.zarr" for task in HSI_STORES if task in self.hsi]
+
+    def train_outputs(self) -> list[str]:
+        if not self.train_runs:
+            return []
+        return [f"{self.results}/train/{run}/final" for run in self.train_runs] + [f"{self.results}/train/summary.csv"]
+
+    def eval_outputs(self) -> list[str]:
+        out = []
+        conventions = self.evaluate.conventions
+        if self.forecast_runs:
+            out += [
+                f"{self.eval_dir}/era5/scores_{source}_{conv}.csv"
+                for source in [*self.forecast_runs, *BASELINE_FORECASTS]
+                for conv in conventions
+            ]
+            out += [
+                f"{self.eval_dir}/era5/comparison_{cand}_{conv}.csv"
+                for cand in self.comparisons
+                for conv in conventions
+            ]
+        if self.mae_runs or self.classification_runs:
+            out.append(f"{self.eval_dir}/hsi/scores.csv")
+        return out
+
+    def figure_names(self) -> list[str]:
+        figs = []
+        if self.train_runs:
+            figs.append("loss_curves")
+        if self.forecast_runs:
+            figs += [f"lead_time_{conv}" for conv in self.evaluate.conventions] + ["forecast_maps"]
+        if self.mae_runs:
+            figs.append("hsi_reconstruction")
+        if self.classification_runs:
+            figs.append("classification")
+        if self.foundation:
+            figs.append("foundation")
+        return figs
+
+    def figure_outputs(self) -> list[str]:
+        return [f"{self.figures}/{name}.png" for name in self.figure_names()]
+
+    def all_outputs(self) -> list[str]:
+        return [
+            *self.era5_outputs(),
+            *self.hsi_outputs(),
+            *self.train_outputs(),
+            *self.eval_outputs(),
+            *self.figure_outputs(),
+        ]

@@ -18,8 +18,21 @@ from typing import Any
 from . import __version__, jsonio
 
 _PACKAGES = (
-    "numpy", "scipy", "xarray", "zarr", "dask", "netCDF4", "h5py", "pandas",
-    "torch", "snakemake", "xesmf", "esmpy", "spectral", "scikit-learn", "matplotlib",
+    "numpy",
+    "scipy",
+    "xarray",
+    "zarr",
+    "dask",
+    "netCDF4",
+    "h5py",
+    "pandas",
+    "torch",
+    "snakemake",
+    "xesmf",
+    "esmpy",
+    "spectral",
+    "scikit-learn",
+    "matplotlib",
 )
 
 
@@ -39,7 +52,10 @@ def code_revision() -> str:
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -49,7 +65,7 @@ def code_revision() -> str:
 def record(config: Any = None, **extra: Any) -> dict[str, Any]:
     """The provenance record: JSON-serialisable."""
     rec = {
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "code_revision": code_revision(),
         "packages": package_versions(),
         "command": " ".join(sys.argv),

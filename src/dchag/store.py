@@ -8,15 +8,19 @@ complete; the temporary is removed on failure.
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import os
 import shutil
+import socket
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import xarray as xr
 import zarr
+
 from .errors import DchagError, MissingFileError
 
 
@@ -28,7 +32,9 @@ def select_channels(available: list[str], wanted: list[str], store: str | Path) 
     """Indices of the ``wanted`` channel names in a store's ``available`` ones."""
     missing = [c for c in wanted if c not in available]
     if missing:
-        raise InputError(f"store {store} lacks channel(s) the model expects: {', '.join(missing)} (it has {', '.join(available)})")
+        raise InputError(
+            f"store {store} lacks channel(s) the model expects: {', '.join(missing)} (it has {', '.join(available)})"
+        )
     return [available.index(c) for c in wanted]
 
 
@@ -41,16 +47,122 @@ def _quiet_snakemake_timestamp():
         yield
 
 
+GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb1", ".grb2")
+# The level dimension's names: ERA5 on the CDS since 2024, cfgrib's (GRIB typeOfLevel).
+LEVEL_NAMES = ("pressure_level", "isobaricInhPa")
+_GRIB_INDEX_DIR: str | None = None
+
+
+def is_grib(path: str) -> bool:
+    """By name, or by the 'GRIB' that starts every GRIB message (CDS downloads may be called .data)."""
+    if path.lower().endswith(GRIB_SUFFIXES):
+        return True
+    if "://" in path or not Path(path).is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"GRIB"
+
+
+def _grib_index_dir() -> str:
+    """One temporary folder per process for cfgrib's index files: each file is scanned once per
+    job, and nothing is written beside the user's files (which may be read-only)."""
+    global _GRIB_INDEX_DIR
+    if _GRIB_INDEX_DIR is None:
+        import atexit
+        import tempfile
+
+        _GRIB_INDEX_DIR = tempfile.mkdtemp(prefix="dchag-grib-index-")
+        atexit.register(shutil.rmtree, _GRIB_INDEX_DIR, True)
+    return _GRIB_INDEX_DIR
+
+
+def open_grib(path: str, what: str = "input") -> list[xr.Dataset]:
+    """A GRIB file (edition 1 or 2) as cfgrib's hypercubes, lazily: one dataset per kind of
+    level (pressure levels, surface, 2 m, ...), each with ``valid_time`` as its time dimension
+    (so accumulated fields, stored as reference time + step, come out by the time they are valid)."""
+    try:
+        import cfgrib
+    except ImportError as err:  # cfgrib brings ecCodes' Python interface; the library is the eccodes wheel
+        raise InputError(
+            f"{what} {path} is GRIB: reading it needs cfgrib and ecCodes: pip install 'dchag[grib]'"
+        ) from err
+    import hashlib
+
+    _check_grib_end(path, what)
+
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    kwargs = {
+        "indexpath": str(Path(_grib_index_dir()) / f"{key}.{{short_hash}}.idx"),
+        "time_dims": ("valid_time",),
+    }
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            datasets = cfgrib.open_datasets(path, backend_kwargs=kwargs, cache=False)
+    except Exception as err:  # ecCodes and cfgrib raise many types for damaged files
+        raise InputError(
+            f"cannot read {what} {path}: {type(err).__name__}: {err} (is it a complete GRIB file?)"
+        ) from err
+    if not datasets or not any(ds.data_vars for ds in datasets):
+        raise InputError(f"{what} {path} holds no GRIB field cfgrib can read (an empty or truncated file?)")
+    return [_exact_longitudes(normalise_layout(ds, path)) for ds in datasets]
+
+
+def _check_grib_end(path: str, what: str) -> None:
+    """Every GRIB message ends with '7777' (some writers pad with zeros after it): a file that
+    does not was cut short, and cfgrib would silently drop its last message."""
+    if "://" in path or not Path(path).is_file():
+        return
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size == 0:
+            raise InputError(f"{what} {path} is empty")
+        f.seek(max(0, size - 4096))
+        tail = f.read().rstrip(b"\0")
+    if not tail.endswith(b"7777"):
+        raise InputError(
+            f"{what} {path} is truncated: its last GRIB message does not end with '7777' (an interrupted download?)"
+        )
+
+
+def _exact_longitudes(ds: xr.Dataset) -> xr.Dataset:
+    """GRIB edition 1 stores grid corners in millidegrees (a global N32 Gaussian grid ends at
+    357.188, not 357.1875): a longitude axis that is global to that precision gets its exact
+    values, 360/n apart, so that it is recognised as periodic."""
+    if "longitude" not in ds.dims or ds["longitude"].ndim != 1 or ds.sizes["longitude"] < 2:
+        return ds
+    lon = np.asarray(ds["longitude"].values, dtype=np.float64)
+    n = lon.size
+    exact = lon[0] + np.arange(n) * 360.0 / n
+    if np.max(np.abs(lon - exact)) <= 1e-3 and not np.array_equal(lon, exact):
+        ds = ds.assign_coords(longitude=("longitude", exact, ds["longitude"].attrs))
+    return ds
+
+
 def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr.Dataset:
-    """Open a netCDF file or Zarr store lazily; with ``normalise_names`` the newer CDS names
-    ``valid_time`` and ``pressure_level`` become ``time`` and ``level``."""
+    """Open a netCDF file, Zarr store or GRIB file (one hypercube) lazily; with
+    ``normalise_names`` the layout is made the one dchag reads (:func:`normalise_layout`)."""
+    if is_grib(path):
+        datasets = open_grib(path, what)
+        if len(datasets) > 1:
+            kinds = ", ".join(
+                sorted({str(v.attrs.get("GRIB_typeOfLevel", "?")) for d in datasets for v in d.data_vars.values()})
+            )
+            raise InputError(
+                f"{what} {path} holds GRIB fields on several kinds of level ({kinds}); split it "
+                "(grib_copy file 'out_[typeOfLevel].grib') or read it as ERA5 input (era5.inputs), which takes them all"
+            )
+        return datasets[0]
     is_zarr = path.rstrip("/").endswith(".zarr") or "://" in path or (Path(path) / "zarr.json").exists()
     if "://" not in path and not Path(path).exists():
         raise InputError(f"{what} not found: {path}")
     try:
         if is_zarr:
             with _quiet_snakemake_timestamp():
-                ds = xr.open_zarr(path, consolidated=None if "://" in path else _has_consolidated(Path(path)), chunks=None)
+                ds = xr.open_zarr(
+                    path, consolidated=None if "://" in path else _has_consolidated(Path(path)), chunks=None
+                )
         else:
             ds = xr.open_dataset(path, chunks=None, cache=False)
     except Exception as err:  # netCDF4/h5py/zarr raise many types for damaged files
@@ -59,8 +171,53 @@ def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr
         ) from err
     if not normalise_names:
         return ds
-    rename = {old: new for old, new in (("valid_time", "time"), ("pressure_level", "level")) if old in ds.dims or old in ds.coords}
-    return ds.rename(rename)
+    return normalise_layout(ds, path)
+
+
+def normalise_layout(ds: xr.Dataset, path: str = "") -> xr.Dataset:
+    """One layout for ERA5-like inputs, whoever wrote them: ``time`` the valid time (a
+    dimension, or a scalar coordinate for a file of one step), ``level`` the pressure level in hPa.
+
+    * CDS since 2024: ``valid_time``, ``pressure_level``; old CDS and ARCO-ERA5 / WeatherBench 2:
+      ``time``, ``level``;
+    * cfgrib (GRIB, or the netCDF it writes): ``time`` is the reference time beside ``step``
+      and ``valid_time``, the level ``isobaricInhPa``; with ``time_dims=valid_time`` or a
+      single step, ``valid_time`` is the time.
+
+    Raises InputError naming ``path`` for forecast-style files whose times are reference
+    time x step (a 2-D ``valid_time``).
+    """
+    where = f" {path}" if path else ""
+    rename = {}
+    for name in LEVEL_NAMES:  # a dimension, or a scalar coordinate where a file holds one level
+        if name in ds.variables and "level" not in ds.variables:
+            rename[name] = "level"
+            break
+    ds = ds.rename(rename)
+    if "level" in ds.coords and str(ds["level"].attrs.get("units", "")).strip() == "Pa":
+        level = ds["level"]
+        ds = ds.assign_coords(level=(level.dims, level.values / 100.0, {**level.attrs, "units": "hPa"}))
+    if "valid_time" in ds.variables:
+        valid = ds["valid_time"]
+        if valid.ndim > 1:
+            raise InputError(
+                f"input{where} holds forecast-style times (valid_time over {', '.join(valid.dims)}), as cfgrib "
+                "writes accumulated fields by default; give dchag the GRIB file itself, which it reads by valid "
+                "time, or convert it with cfgrib's backend_kwargs time_dims=['valid_time']"
+            )
+        if "valid_time" in ds.dims:  # CDS 2024, cfgrib with time_dims=valid_time
+            ds = ds.drop_vars([c for c in ("time", "step") if c in ds.coords and c not in ds.dims])
+            ds = ds.rename(valid_time="time")
+        elif valid.ndim == 1 and "time" in ds.dims and valid.dims == ("time",):  # cfgrib's netCDF: time = reference
+            ds = ds.assign_coords(time=("time", valid.values, {"long_name": "time", "standard_name": "time"}))
+            ds = ds.drop_vars(["valid_time", *(c for c in ("step",) if c in ds.coords and c not in ds.dims)])
+        elif valid.ndim == 0 and "time" not in ds.dims:  # one step: a scalar valid_time
+            ds = ds.drop_vars([c for c in ("time", "step") if c in ds.coords])
+            ds = ds.rename(valid_time="time")
+    if "step" in ds.coords and ds["step"].ndim == 0 and "time" in ds.coords:
+        ds = ds.drop_vars("step")
+    return ds
+
 
 def _has_consolidated(path: Path) -> bool:
     meta = path / "zarr.json"
@@ -76,13 +233,62 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+class OutputError(DchagError, OSError):
+    """A result cannot be written (a full disk, a read-only or forbidden place)."""
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def write_error(err: BaseException) -> OSError | None:
+    """The OSError of a full or read-only disk behind ``err`` (libraries wrap it), if any."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _remove_settled(path: Path, wait_s: float = 3.0) -> None:
+    """Remove a failed write's temporary, again while the writer's threads that were still in
+    flight when the first one failed (Zarr and dask write chunks concurrently) create files in
+    it, until it stays gone for a moment."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(OSError):
+            _remove(path)
+        time.sleep(0.1)
+        if not (path.exists() or path.is_symlink()) or time.monotonic() > deadline:
+            return
+
+
+def _temporary(target: Path) -> Path:
+    return target.with_name(f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
+def _remove_dead_temporaries(target: Path) -> None:
+    """The temporaries of ``target`` that writers on this host left when they were killed."""
+    host = socket.gethostname()
+    for tmp in target.parent.glob(f".{glob.escape(target.name)}.tmp-{glob.escape(host)}-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _remove(tmp)
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``target``; rename it to ``target`` if the block succeeds."""
+    """Yield a temporary path beside ``target``; rename it to ``target`` if the block succeeds.
+    A full or read-only disk is an OutputError naming the target (and nothing is left)."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"cannot write {target}: {err.strerror} ({target.parent})") from err
+    tmp = _temporary(target)
     _remove(tmp)
+    _remove_dead_temporaries(target)
     try:
         yield tmp
         if (tmp / "zarr.json").exists():
@@ -90,8 +296,11 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
         if target.exists():
             _remove(target)
         os.replace(tmp, target)
-    except BaseException:
-        _remove(tmp)
+    except BaseException as err:
+        _remove_settled(tmp)
+        cause = write_error(err)
+        if cause is not None and not isinstance(err, DchagError):
+            raise OutputError(f"cannot write {target}: {cause.strerror} (a full disk, or a read-only place?)") from err
         raise
 
 

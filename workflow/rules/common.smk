@@ -1,91 +1,95 @@
-import functools
+# The plan (dchag.plan.Plan) and the named functions the rules call. Every value a rule puts
+# in a shell command is quoted there ({x:q}); names that become paths are constrained by the
+# schema. Only wiring lives here: the logic is in dchag.plan, where the tests reach it.
 import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
-from snakemake.utils import validate
 
-from dchag import plan
-from dchag.config import ConfigError, check_config, era5_input_paths, settings
+from dchag.config import ConfigError, read_yaml, validate
+from dchag.plan import BASELINE_FORECASTS, ERA5_SPLITS, Plan
 
-# Schema defaults are filled in by validate; an unknown key or wrong type stops here.
+# The config files are read again strictly (a key given twice, an alias bomb), then validated
+# against the schema (workflow/schemas/config.schema.yaml), which fills in its defaults; an
+# unknown key or wrong type stops here, and so does every check of the plan
+# (dchag.plan.Plan), with a bounded message naming the key.
 CONFIG_SOURCE = (
     ", ".join(map(str, workflow.overwrite_configfiles)) or "config/demo.yaml"
 )
-validate(config, schema="../schemas/config.schema.yaml")
 try:
-    check_config(config, CONFIG_SOURCE)
-    S = settings(config)  # the typed view: every default from the schema
+    for path in workflow.overwrite_configfiles:
+        read_yaml(path)
+    validate(config, CONFIG_SOURCE)
+    P = Plan(config)
 except ConfigError as err:
     raise WorkflowError(str(err))
 
-RESULTS = f"results/{config['name']}"
-LOGS = f"logs/{config['name']}"
+RESULTS, LOGS, EVAL_DIR, FIGURES = P.results, P.logs, P.eval_dir, P.figures
+ERA5, HSI, EVAL = P.era5, P.hsi, config["evaluate"]
+HSI_DEMO_ENVI = "resources/demo/hsi/envi"
 
 # With --use-conda the package runs from this checkout inside the rule's environment.
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-    _SRC = f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))}"
-    DCHAG = f"{_SRC} python -m dchag"
+    DCHAG = (
+        f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))} python -m dchag"
+    )
 else:
     DCHAG = "dchag"
 
 
-CONFIG_DIR = Path(".snakemake") / "dchag-config"
+def one_of(names):
+    """A wildcard constraint matching exactly these names (none: nothing)."""
+    return "|".join(map(str, names)) or "NO_NAMES"
 
 
-def config_arg(*sections):
-    """The config sections a rule uses, as the path of a content-addressed JSON file (a rule
-    reruns when its own sections change and not when another's do)."""
-    path = shlex.quote(
-        str(
-            plan.write_config(
-                plan.section_config(S, *sections), "+".join(sections), CONFIG_DIR
-            )
-        )
-    )
-    return (
-        lambda wildcards: path
-    )  # a function, so "{year}" inside is not taken as a wildcard
+def section_config(*sections):
+    """A params function: the content-addressed JSON of the config sections a rule uses (a
+    function, so "{year}" inside is not taken as a wildcard)."""
+    path = P.section_config_file(*sections)
+
+    def config_file(wildcards):
+        return path
+
+    return config_file
 
 
 # -- ERA5 ----------------------------------------------------------------------------------
-ERA5 = S.era5 or {}
-ERA5_SPLITS = ("train", "val", "test")
-
-ERA5_WEIGHTS = (
-    f"{RESULTS}/era5/weights/{ERA5['regrid']['method']}_{ERA5['grid']}deg.nc"
-    if ERA5
-    else None
-)
+def era5_year_inputs(wildcards):
+    return P.era5_year_inputs(wildcards.year)
 
 
-def era5_years(split=None):
-    splits = [split] if split else ERA5_SPLITS
-    return sorted(y for s in splits for y in ERA5["years"][s])
+def era5_weights_option(wildcards, input):
+    return ["--weights", input.weights] if "weights" in input.keys() else []
 
 
-def era5_year_store(year):
-    return f"{RESULTS}/era5/years/{year}.zarr"
+def era5_weights_year(wildcards):
+    return P.era5_years("train")[0]
 
 
-def era5_inputs(year):
-    paths = era5_input_paths(ERA5, int(year))
-    return paths + ([ERA5["constants"]] if ERA5["constants"] else [])
+def era5_split_years(wildcards):
+    return [P.era5_year_store(y) for y in P.era5_years(wildcards.split)]
 
 
-def era5_outputs():
+def era5_split_parts(wildcards):
     return [
-        *expand(f"{RESULTS}/era5/{{split}}.zarr", split=ERA5_SPLITS),
-        f"{RESULTS}/era5/climatology.zarr",
+        P.era5_split_part(wildcards.split, y) for y in P.era5_years(wildcards.split)
     ]
 
 
+def era5_stats_partials(wildcards):
+    return [P.era5_year_stats(y) for y in P.era5_years("train")]
+
+
+def era5_climatology_years(wildcards):
+    return [P.era5_year_store(y) for y in P.era5_years(ERA5["climatology_split"])]
+
+
+def output_dir(wildcards, output):
+    return Path(output[0]).parent
+
+
 # -- hyperspectral -------------------------------------------------------------------------
-HSI = S.hsi or {}
-HSI_DEMO_ENVI = "resources/demo/hsi/envi"
-
-
 def hsi_mae_inputs():
     """The demo's ENVI folder (made by a rule), or the user's images (globs expanded)."""
     if HSI["demo"]:
@@ -95,232 +99,250 @@ def hsi_mae_inputs():
     return sorted(p for pattern in HSI["mae"]["images"] for p in glob.glob(pattern))
 
 
-def hsi_outputs():
-    return [
-        f"{RESULTS}/hsi/{task}.zarr"
-        for task in ("classification", "mae")
-        if task in HSI
-    ]
+def hsi_classification_inputs():
+    """The scene and its labels, or every image and label tile of a tile set."""
+    from dchag.errors import DchagError
+    from dchag.hsi.sources import rule_inputs
+
+    try:
+        return rule_inputs(HSI, "classification")
+    except DchagError as err:
+        raise WorkflowError(str(err))
 
 
-# -- training ------------------------------------------------------------------------------
-try:
-    TRAIN_RUNS = S.train.runs
-    VERIFY_RUNS = plan.verify_runs(S)
-    ALL_RUNS = plan.all_runs(S)
-except ConfigError as err:
-    raise WorkflowError(str(err))
+# -- training and the torchrun jobs --------------------------------------------------------
+def torchrun_resources(shape_of):
+    """A torchrun job's Slurm resources (dchag.plan.JobShape), each a function of the job."""
+
+    def resource(key):
+        def value(wildcards):
+            return shape_of(wildcards).slurm_resources()[key]
+
+        return value
+
+    return {
+        key: resource(key)
+        for key in ("runtime", "mem_mb", "nodes", "tasks", "gres", "mpi")
+    }
+
+
+def train_shape(wildcards):
+    return P.train_shape(wildcards.run)
+
+
+def paper_shape(wildcards):
+    return P.paper_shape(wildcards.point)
+
+
+def train_launcher(wildcards):
+    return train_shape(wildcards).launcher(DCHAG)
+
+
+def paper_launcher(wildcards):
+    return paper_shape(wildcards).launcher(DCHAG)
+
+
+def train_threads(wildcards):
+    return P.run_train(wildcards.run).nproc
+
+
+def rank_threads(wildcards, threads):
+    """The job's threads over its ranks (Snakemake exports OMP/MKL/BLAS thread counts = the
+    job's threads, which torchrun would pass to every rank)."""
+    return max(1, threads // P.run_train(wildcards.run).nproc)
+
+
+def train_inputs(wildcards):
+    from dchag.plan import previous_repeat
+
+    init = P.init_model(wildcards.run)
+    return {
+        **P.run_stores(wildcards.run),
+        "previous": [
+            f"{RESULTS}/train/{r}/log.csv"
+            for r in previous_repeat(wildcards.run, P.verify_runs)
+        ],
+        # the exported model it starts from (a source run's, made from its final checkpoint)
+        "init": [f"{init}/model.json"] if init else [],
+    }
+
+
+def init_option(wildcards, input):
+    """--init-from DIR for a run with init_from (the exported model's folder)."""
+    return ["--init-from", str(Path(input.init[0]).parent)] if input.init else []
+
+
+def model_dir(wildcards, output):
+    return Path(output.meta).parent
+
+
+def export_inputs(wildcards):
+    return {
+        "final": f"{RESULTS}/train/{wildcards.run}/final",
+        "store": P.run_stores(wildcards.run)["train"],
+    }
+
+
+def run_config(wildcards):
+    return P.run_config_file(wildcards.run)
+
+
+def run_processes(wildcards):
+    return P.run_train(wildcards.run).nproc
+
+
+def run_restarts(wildcards):
+    return P.run_train(wildcards.run).max_restarts
+
+
+def run_dir(wildcards, output):
+    return Path(output.log).parent
 
 
 def verify_inputs(wildcards):
-    if not VERIFY_RUNS:
+    if not P.verify_runs:
         raise WorkflowError(
             "snakemake verify needs a 'verify' section in the config (e.g. `verify: {}`; keys in "
             "workflow/schemas/config.schema.yaml)"
         )
-    return [f"{RESULTS}/train/{run}/log.csv" for run in VERIFY_RUNS]
+    return [f"{RESULTS}/train/{run}/log.csv" for run in P.verify_runs]
 
 
-def run_stores(run):
-    """The stores a run trains on: train and val."""
-    stores = plan.default_stores(config, ALL_RUNS[run]["task"], RESULTS)
-    return {split: str(path) for split, path in stores.items()}
-
-
-def train_inputs(wildcards):
-    return {
-        **run_stores(wildcards.run),
-        "previous": [
-            f"{RESULTS}/train/{r}/log.csv"
-            for r in plan.previous_repeat(wildcards.run, VERIFY_RUNS)
-        ],
-    }
-
-
-def train_config_arg(wildcards):
-    """The run's config file: its dataset section, model, parallel and train with only this run."""
-    cfg = plan.run_config(S, wildcards.run)
-    return shlex.quote(str(plan.write_config(cfg, f"run-{wildcards.run}", CONFIG_DIR)))
-
-
-@functools.cache
-def run_train(run):
-    """The train settings of a run (top-level with its overrides): processes, nodes, GPUs."""
-    return plan.run_train_settings(S, run)
-
-
-def train_resources():
-    """Slurm resources of a training job, per run: nodes x processes (GPUs) per node; with
-    several nodes, one task per node started by srun (mpi). Site values (partition, account,
-    a typed gres) belong in the profile."""
-    return {
-        "runtime": 240,
-        "mem_mb": 8000,
-        "nodes": lambda w: run_train(w.run).nodes,
-        "tasks": lambda w: run_train(w.run).nodes,
-        "gres": lambda w: (
-            f"gpu:{run_train(w.run).gpus_per_node}"
-            if run_train(w.run).gpus_per_node
-            else ""
-        ),
-        "mpi": lambda w: "srun" if run_train(w.run).nodes > 1 else "",
-    }
-
-
-def train_launcher(wildcards, resources):
-    """`dchag` (one node) or `srun -n NODES --ntasks-per-node 1 dchag` (several Slurm nodes)."""
-    if run_train(wildcards.run).nodes > 1:
-        return f"{resources.mpi} -n {resources.tasks} --ntasks-per-node 1 {DCHAG}"
-    return DCHAG
-
-
-def train_outputs():
-    if not TRAIN_RUNS:
-        return []
-    return [f"{RESULTS}/train/{run}/final" for run in TRAIN_RUNS] + [
-        f"{RESULTS}/train/summary.csv"
-    ]
-
-
-def all_outputs():
-    out = []
-    if "era5" in config:
-        out += era5_outputs()
-    if HSI:
-        out += hsi_outputs()
-    out += train_outputs()
-    out += eval_outputs()
-    out += figure_outputs()
-    return out
+def verify_run_dirs(wildcards):
+    return [f"{run}={RESULTS}/train/{run}" for run in P.verify_runs]
 
 
 # -- evaluation and figures ----------------------------------------------------------------
-EVAL = config["evaluate"]  # every key defaulted by the schema
-EVAL_DIR = f"{RESULTS}/eval"
-FIGURES = f"{RESULTS}/figures"
-BASELINE_FORECASTS = plan.BASELINE_FORECASTS
+def scored_sources():
+    return [*P.forecast_runs, *BASELINE_FORECASTS]
 
 
-try:
-    FORECAST_RUNS = plan.forecast_runs(S)
-    MAE_RUNS = plan.runs_of(S, "mae")
-    CLASSIFY_RUNS = plan.runs_of(S, "classify")
-    COMPARISONS = plan.comparisons(S)
-except ConfigError as err:
-    raise WorkflowError(str(err))
+def compared_baseline(wildcards):
+    return f"{EVAL_DIR}/era5/scores_{P.comparisons[wildcards.candidate]}_{wildcards.convention}.csv"
 
 
-def forecast_outputs():
-    """The forecast variables (train.forecast.outputs, or the default five present)."""
-    from dchag.era5.source import channel_names, forecast_outputs as outputs_of
-
-    return outputs_of(S.train.forecast.outputs, channel_names(ERA5))
+def comparison_baseline_name(wildcards):
+    return P.comparisons[wildcards.candidate]
 
 
-def eval_outputs():
-    out = []
-    if FORECAST_RUNS:
-        sources = [*FORECAST_RUNS, *BASELINE_FORECASTS]
-        out += expand(
-            f"{EVAL_DIR}/era5/scores_{{source}}_{{convention}}.csv",
-            source=sources,
-            convention=EVAL["conventions"],
-        )
-        out += [
-            f"{EVAL_DIR}/era5/comparison_{cand}_{conv}.csv"
-            for cand in COMPARISONS
-            for conv in EVAL["conventions"]
-        ]
-    if MAE_RUNS or CLASSIFY_RUNS:
-        out.append(f"{EVAL_DIR}/hsi/scores.csv")
-    return out
+def lead_time_scores(wildcards):
+    return [
+        f"{EVAL_DIR}/era5/scores_{source}_{wildcards.convention}.csv"
+        for source in scored_sources()
+    ]
 
 
-def figure_outputs():
-    figs = []
-    if TRAIN_RUNS:
-        figs.append("loss_curves")
-    if FORECAST_RUNS:
-        figs += [f"lead_time_{conv}" for conv in EVAL["conventions"]]
-        figs.append("forecast_maps")
-    if MAE_RUNS:
-        figs.append("hsi_reconstruction")
-    if CLASSIFY_RUNS:
-        figs.append("classification")
-    return [f"{FIGURES}/{name}.png" for name in figs]
+def score_options(wildcards, input):
+    """ClimaX scores ACC against the scored period's time mean (in batches, if configured);
+    WeatherBench 2 against the day-of-year climatology."""
+    if wildcards.convention == "wb2":
+        return ["--climatology", input.climatology]
+    batch = EVAL["climax_batch_size"]
+    return ["--batch-size", batch] if batch else []
 
 
-# -- the paper's experiments ---------------------------------------------------------------
-PAPER = S.paper or {}
-PAPER_DIR = f"{RESULTS}/paper"
-try:
-    from dchag.paper import sweep as paper_sweep
-
-    PAPER_SWEEPS = paper_sweep.sweeps(PAPER) if PAPER else {}
-    PAPER_POINTS = paper_sweep.all_points(PAPER) if PAPER else {}
-    PAPER_ACCURACY = plan.paper_accuracy(S) if PAPER else {}
-except ConfigError as err:
-    raise WorkflowError(str(err))
-
-
-@functools.cache
-def paper_resources(point):
-    return paper_sweep.resources(PAPER_POINTS[point], PAPER["gpus_per_node"])
-
-
-def paper_point_resources():
-    """Slurm resources of a point: its GPUs (tp x dp) over nodes, one task per node (srun
-    starts one torchrun per node with several)."""
+def foundation_inputs(wildcards):
     return {
-        "runtime": PAPER.get("runtime", 30),
-        "mem_mb": PAPER.get("mem_mb", 16000),
-        "nodes": lambda w: paper_resources(w.point).nodes,
-        "tasks": lambda w: paper_resources(w.point).nodes,
-        "gres": lambda w: f"gpu:{paper_resources(w.point).per_node}",
-        "mpi": lambda w: "srun" if paper_resources(w.point).nodes > 1 else "",
+        f"{variant}:{start}": f"{EVAL_DIR}/hsi/classification_{run}.json"
+        for variant, starts in P.foundation.items()
+        for start, run in starts.items()
     }
 
 
-def paper_launcher(wildcards, resources):
-    if paper_resources(wildcards.point).nodes > 1:
-        return f"{resources.mpi} -n {resources.tasks} --ntasks-per-node 1 {DCHAG}"
-    return DCHAG
+def foundation_words(wildcards, input):
+    """VARIANT:START=SCORES words of the foundation-model experiment."""
+    from dchag.plan import FOUNDATION_STARTS
+
+    return [
+        f"{variant}:{FOUNDATION_STARTS[start]}={input[f'{variant}:{start}']}"
+        for variant, starts in P.foundation.items()
+        for start in starts
+    ]
 
 
+def model_folder(wildcards, input):
+    return Path(input.model).parent
+
+
+def classification_scene(wildcards):
+    """The classification scene (one image; a tile set has no one scene)."""
+    from dchag.hsi.sources import has_wildcard
+
+    image = HSI.get("classification", {}).get("image")
+    if not image or has_wildcard(image):
+        raise WorkflowError(
+            "predict_scene needs hsi.classification.image to be one scene (not a tile glob)"
+        )
+    return image
+
+
+def classification_scene_key(wildcards):
+    key = HSI["classification"]["image_key"]
+    return ["--image-key", key] if key else []
+
+
+def map_variable():
+    if not P.forecast_runs:
+        return []
+    return [EVAL["map_variable"] or P.forecast_variables()[0]]
+
+
+# -- the paper's experiments ---------------------------------------------------------------
 def paper_point_config(wildcards):
-    cfg = paper_sweep.point_config(config["name"], PAPER, PAPER_POINTS[wildcards.point])
-    return shlex.quote(
-        str(plan.write_config(cfg, f"paper-{wildcards.point}", CONFIG_DIR))
+    return P.paper_point_config_file(wildcards.point)
+
+
+def paper_point_threads(wildcards):
+    return paper_shape(wildcards).nproc
+
+
+def paper_rank_threads(wildcards, threads):
+    return P.paper["threads_per_rank"] or max(
+        1, threads // paper_shape(wildcards).nproc
     )
 
 
-def paper_point_files(kind):
-    return [f"{PAPER_DIR}/points/{p.name}.json" for p in PAPER_SWEEPS.get(kind, [])]
+def paper_point_files(wildcards):
+    return [
+        f"{RESULTS}/paper/points/{p.name}.json"
+        for p in P.paper_sweeps.get(wildcards.kind, [])
+    ]
 
 
 def paper_accuracy_inputs(wildcards):
     """The accuracy runs' training logs (by variant) and their comparison tables."""
     out = {
         f"{task}_{variant}": f"{RESULTS}/train/{run}/log.csv"
-        for task, runs in PAPER_ACCURACY.items()
+        for task, runs in P.paper_accuracy.items()
         for variant, run in runs.items()
     }
-    baseline = PAPER_ACCURACY.get("forecast", {}).get("baseline")
+    forecast = P.paper_accuracy.get("forecast", {})
     out["comparisons"] = [
         f"{EVAL_DIR}/era5/comparison_{run}_{conv}.csv"
-        for variant, run in PAPER_ACCURACY.get("forecast", {}).items()
-        if variant != "baseline" and baseline
+        for variant, run in forecast.items()
+        if variant != "baseline" and "baseline" in forecast
         for conv in EVAL["conventions"]
     ]
     return out
 
 
+def paper_accuracy_runs(task):
+    """VARIANT=LOG words of the accuracy runs of ``task``."""
+
+    def words(wildcards, input):
+        return [f"{v}={input[f'{task}_{v}']}" for v in P.paper_accuracy.get(task, {})]
+
+    return words
+
+
 def paper_outputs(wildcards):
-    if not PAPER:
+    if not P.paper:
         raise WorkflowError(
             "snakemake paper needs a 'paper' section in the config (see config/paper.yaml, config/paper_cpu.yaml)"
         )
-    figs = [f"{FIGURES}/paper/{kind}.png" for kind, pts in PAPER_SWEEPS.items() if pts]
-    if PAPER_ACCURACY:
+    figs = [
+        f"{FIGURES}/paper/{kind}.png" for kind, pts in P.paper_sweeps.items() if pts
+    ]
+    if P.paper_accuracy:
         figs.append(f"{FIGURES}/paper/accuracy.png")
     return figs

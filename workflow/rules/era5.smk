@@ -6,7 +6,7 @@ wildcard_constraints:
     year=r"\d{4}",
 
 
-if ERA5 and ERA5["demo"]:
+if ERA5["demo"]:
 
     rule era5_demo_year:
         output:
@@ -14,13 +14,14 @@ if ERA5 and ERA5["demo"]:
         log:
             f"{LOGS}/era5_demo_{{year}}.log",
         conda:
-            "../envs/preprocess.yaml"
+            "../../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
-            cfg=config_arg("era5"),
-            outdir=lambda w, output: Path(output[0]).parent,
+            cfg=section_config("era5"),
+            outdir=output_dir,
         shell:
-            "{params.dchag} demo-era5 --config {params.cfg} --year {wildcards.year} --outdir {params.outdir} > {log} 2>&1"
+            "{params.dchag} demo-era5 --config {params.cfg:q} --year {wildcards.year} --outdir {params.outdir:q} "
+            "> {log:q} 2>&1"
 
     if ERA5["constants"]:
 
@@ -30,16 +31,17 @@ if ERA5 and ERA5["demo"]:
             log:
                 f"{LOGS}/era5_demo_constants.log",
             conda:
-                "../envs/preprocess.yaml"
+                "../../envs/preprocess.yaml"
             params:
                 dchag=DCHAG,
-                cfg=config_arg("era5"),
-                outdir=lambda w, output: Path(output[0]).parent,
+                cfg=section_config("era5"),
+                outdir=output_dir,
             shell:
-                "{params.dchag} demo-era5 --config {params.cfg} --constants-only --outdir {params.outdir} > {log} 2>&1"
+                "{params.dchag} demo-era5 --config {params.cfg:q} --constants-only --outdir {params.outdir:q} "
+                "> {log:q} 2>&1"
 
 
-if ERA5 and ERA5["download"]:
+if ERA5["download"]:
 
     rule download_era5_year:
         output:
@@ -47,48 +49,50 @@ if ERA5 and ERA5["download"]:
         log:
             f"{LOGS}/download_era5_{{year}}.log",
         conda:
-            "../envs/preprocess.yaml"
+            "../../envs/preprocess.yaml"
         resources:
             runtime=720,
         params:
             dchag=DCHAG,
-            cfg=config_arg("era5"),
+            cfg=section_config("era5"),
             source=ERA5["download"],
         shell:
-            "{params.dchag} download-era5 --config {params.cfg} --year {wildcards.year} --source {params.source} "
-            "--output {output} > {log} 2>&1"
+            "{params.dchag} download-era5 --config {params.cfg:q} --year {wildcards.year} --source {params.source:q} "
+            "--output {output:q} > {log:q} 2>&1"
 
     rule download_era5:
         input:
             [
                 p.format(year=y)
-                for y in era5_years()
+                for y in P.era5_years()
                 for p in ERA5["inputs"]
                 if "{year}" in p
             ],
 
 
-rule era5_weights:
-    input:
-        era5_inputs(era5_years("train")[0]),
-    output:
-        ERA5_WEIGHTS,
-    log:
-        f"{LOGS}/era5_weights.log",
-    conda:
-        "../envs/preprocess.yaml"
-    params:
-        dchag=DCHAG,
-        cfg=config_arg("era5"),
-        year=lambda w: era5_years("train")[0],
-    shell:
-        "{params.dchag} era5-weights --config {params.cfg} --year {params.year} --output {output} > {log} 2>&1"
+# Inputs already on the target grid (a WeatherBench 2 store) are copied: no weights job.
+if P.era5_weights:
+
+    rule era5_weights:
+        input:
+            P.era5_inputs(P.era5_years("train")[0]),
+        output:
+            P.era5_weights,
+        log:
+            f"{LOGS}/era5_weights.log",
+        conda:
+            "../../envs/preprocess.yaml"
+        params:
+            dchag=DCHAG,
+            cfg=section_config("era5"),
+            year=era5_weights_year,
+        shell:
+            "{params.dchag} era5-weights --config {params.cfg:q} --year {params.year} --output {output:q} > {log:q} 2>&1"
 
 
 rule era5_year:
     input:
-        files=lambda w: era5_inputs(w.year),
-        weights=ERA5_WEIGHTS,
+        unpack(era5_year_inputs),
     output:
         directory(f"{RESULTS}/era5/years/{{year}}.zarr"),
     log:
@@ -96,65 +100,151 @@ rule era5_year:
     benchmark:
         f"{RESULTS}/benchmarks/era5_year_{{year}}.tsv"
     conda:
-        "../envs/preprocess.yaml"
+        "../../envs/preprocess.yaml"
     resources:
         mem_mb=4000,
         runtime=120,
     params:
         dchag=DCHAG,
-        cfg=config_arg("era5"),
+        cfg=section_config("era5"),
+        weights=era5_weights_option,
     shell:
-        "{params.dchag} era5-year --config {params.cfg} --year {wildcards.year} --weights {input.weights} "
-        "--output {output} > {log} 2>&1"
+        "{params.dchag} era5-year --config {params.cfg:q} --year {wildcards.year} {params.weights:q} "
+        "--output {output:q} > {log:q} 2>&1"
+
+
+# Statistics: one job per training year (its moments, read a chunk at a time), then a small
+# combine. Splits: one job per year (the shards inside it), then a small assembly that links
+# them and writes the shards across year boundaries. Climatology: one job per climatology
+# year's worth of data (a block of days of every year), then the smoothing, channel by
+# channel. Memory per job is a chunk, whatever the number of years (benchmarks/results/preprocess.md).
+rule era5_year_stats:
+    input:
+        P.era5_year_store("{year}"),
+    output:
+        P.era5_year_stats("{year}"),
+    log:
+        f"{LOGS}/era5_year_stats_{{year}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/era5_year_stats_{{year}}.tsv"
+    conda:
+        "../../envs/preprocess.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=60,
+    params:
+        dchag=DCHAG,
+        cfg=section_config("era5"),
+    shell:
+        "{params.dchag} era5-year-stats --config {params.cfg:q} --output {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule era5_stats:
     input:
-        [era5_year_store(y) for y in era5_years("train")],
+        era5_stats_partials,
     output:
         f"{RESULTS}/era5/normalization.json",
     log:
         f"{LOGS}/era5_stats.log",
     conda:
-        "../envs/preprocess.yaml"
+        "../../envs/preprocess.yaml"
     params:
         dchag=DCHAG,
-        cfg=config_arg("era5"),
+        cfg=section_config("era5"),
     shell:
-        "{params.dchag} era5-stats --config {params.cfg} --output {output} {input} > {log} 2>&1"
+        "{params.dchag} era5-stats --config {params.cfg:q} --output {output:q} {input:q} > {log:q} 2>&1"
+
+
+rule era5_split_part:
+    input:
+        years=era5_split_years,
+        stats=rules.era5_stats.output,
+    output:
+        temp(directory(P.era5_split_part("{split}", "{year}"))),
+    log:
+        f"{LOGS}/era5_split_part_{{split}}_{{year}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/era5_split_part_{{split}}_{{year}}.tsv"
+    wildcard_constraints:
+        split=one_of(ERA5_SPLITS),
+    conda:
+        "../../envs/preprocess.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=120,
+    params:
+        dchag=DCHAG,
+        cfg=section_config("era5"),
+    shell:
+        "{params.dchag} era5-split-part --config {params.cfg:q} --split {wildcards.split} --year {wildcards.year} "
+        "--stats {input.stats:q} --output {output:q} {input.years:q} > {log:q} 2>&1"
 
 
 rule era5_split:
     input:
-        years=lambda w: [era5_year_store(y) for y in era5_years(w.split)],
+        years=era5_split_years,
+        parts=era5_split_parts,
         stats=rules.era5_stats.output,
     output:
         directory(f"{RESULTS}/era5/{{split}}.zarr"),
     log:
         f"{LOGS}/era5_split_{{split}}.log",
     wildcard_constraints:
-        split="train|val|test",
+        split=one_of(ERA5_SPLITS),
     conda:
-        "../envs/preprocess.yaml"
+        "../../envs/preprocess.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=60,
     params:
         dchag=DCHAG,
-        cfg=config_arg("era5"),
+        cfg=section_config("era5"),
     shell:
-        "{params.dchag} era5-split --config {params.cfg} --split {wildcards.split} --stats {input.stats} "
-        "--output {output} {input.years} > {log} 2>&1"
+        "{params.dchag} era5-split --config {params.cfg:q} --split {wildcards.split} --stats {input.stats:q} "
+        "--output {output:q} --parts {input.parts:q} --years {input.years:q} > {log:q} 2>&1"
+
+
+rule era5_climatology_part:
+    input:
+        era5_climatology_years,
+    output:
+        temp(directory(P.era5_climatology_part("{part}"))),
+    log:
+        f"{LOGS}/era5_climatology_part_{{part}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/era5_climatology_part_{{part}}.tsv"
+    wildcard_constraints:
+        part=r"\d+",
+    conda:
+        "../../envs/preprocess.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=60,
+    params:
+        dchag=DCHAG,
+        cfg=section_config("era5"),
+        parts=P.era5_climatology_parts(),
+    shell:
+        "{params.dchag} era5-climatology-part --config {params.cfg:q} --part {wildcards.part} "
+        "--parts {params.parts} --output {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule era5_climatology:
     input:
-        lambda w: [era5_year_store(y) for y in era5_years(ERA5["climatology_split"])],
+        [P.era5_climatology_part(k) for k in range(1, P.era5_climatology_parts() + 1)],
     output:
         directory(f"{RESULTS}/era5/climatology.zarr"),
     log:
         f"{LOGS}/era5_climatology.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/era5_climatology.tsv"
     conda:
-        "../envs/preprocess.yaml"
+        "../../envs/preprocess.yaml"
+    resources:
+        mem_mb=4000,
+        runtime=60,
     params:
         dchag=DCHAG,
-        cfg=config_arg("era5"),
+        cfg=section_config("era5"),
     shell:
-        "{params.dchag} era5-climatology --config {params.cfg} --output {output} {input} > {log} 2>&1"
+        "{params.dchag} era5-climatology --config {params.cfg:q} --output {output:q} {input:q} > {log:q} 2>&1"

@@ -1,5 +1,6 @@
 # Evaluation: forecasts of every forecast run and of persistence and climatology on the test
-# split, scored under each convention; the % change tables; hyperspectral test scores.
+# split, scored under each convention; the % change tables; hyperspectral test scores. Forecasts,
+# truth and climatology are in WeatherBench 2's layout (dchag.evaluate.wb2).
 
 
 rule era5_truth:
@@ -10,13 +11,28 @@ rule era5_truth:
     log:
         f"{LOGS}/era5_truth.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        variables=" ".join(forecast_outputs()) if FORECAST_RUNS else "",
+        variables=P.forecast_variables(),
     shell:
-        "{params.dchag} era5-truth --data {input} --variables {params.variables} "
-        "--output {output} > {log} 2>&1"
+        "{params.dchag} era5-truth --data {input:q} --variables {params.variables:q} "
+        "--output {output:q} > {log:q} 2>&1"
+
+
+rule wb2_climatology:
+    input:
+        f"{RESULTS}/era5/climatology.zarr",
+    output:
+        directory(f"{EVAL_DIR}/era5/climatology.zarr"),
+    log:
+        f"{LOGS}/wb2_climatology.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+    shell:
+        "{params.dchag} wb2-climatology --climatology {input:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule forecast:
@@ -30,47 +46,47 @@ rule forecast:
     benchmark:
         f"{RESULTS}/benchmarks/forecast_{{run}}.tsv"
     wildcard_constraints:
-        run="|".join(FORECAST_RUNS) or "NO_RUNS",
+        run=one_of(P.forecast_runs),
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        cfg=train_config_arg,
-        leads=" ".join(map(str, EVAL["lead_hours"])),
+        cfg=run_config,
+        leads=EVAL["lead_hours"],
         batch=EVAL["inference_batch_size"],
     shell:
-        "{params.dchag} forecast --config {params.cfg} --run-name {wildcards.run} --checkpoint {input.final} "
-        "--data {input.test} --lead-hours {params.leads} "
-        "--batch-size {params.batch} --output {output} > {log} 2>&1"
+        "{params.dchag} forecast --config {params.cfg:q} --run-name {wildcards.run:q} --checkpoint {input.final:q} "
+        "--data {input.test:q} --lead-hours {params.leads:q} "
+        "--batch-size {params.batch} --output {output:q} > {log:q} 2>&1"
 
 
 rule baseline_forecast:
     input:
         test=f"{RESULTS}/era5/test.zarr",
-        climatology=f"{RESULTS}/era5/climatology.zarr",
+        climatology=f"{EVAL_DIR}/era5/climatology.zarr",
     output:
         directory(f"{EVAL_DIR}/era5/forecast_{{kind}}.zarr"),
     log:
         f"{LOGS}/forecast_{{kind}}.log",
     wildcard_constraints:
-        kind="|".join(BASELINE_FORECASTS),
+        kind=one_of(BASELINE_FORECASTS),
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        variables=" ".join(forecast_outputs()) if FORECAST_RUNS else "",
-        leads=" ".join(map(str, EVAL["lead_hours"])),
+        variables=P.forecast_variables(),
+        leads=EVAL["lead_hours"],
     shell:
-        "{params.dchag} baseline-forecast --kind {wildcards.kind} --data {input.test} "
-        "--variables {params.variables} --lead-hours {params.leads} "
-        "--climatology {input.climatology} --output {output} > {log} 2>&1"
+        "{params.dchag} baseline-forecast --kind {wildcards.kind} --data {input.test:q} "
+        "--variables {params.variables:q} --lead-hours {params.leads:q} "
+        "--climatology {input.climatology:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule score:
     input:
         forecast=f"{EVAL_DIR}/era5/forecast_{{source}}.zarr",
         truth=f"{EVAL_DIR}/era5/truth.zarr",
-        climatology=f"{RESULTS}/era5/climatology.zarr",
+        climatology=f"{EVAL_DIR}/era5/climatology.zarr",
     output:
         report(
             f"{EVAL_DIR}/era5/scores_{{source}}_{{convention}}.csv",
@@ -82,29 +98,21 @@ rule score:
     log:
         f"{LOGS}/score_{{source}}_{{convention}}.log",
     wildcard_constraints:
-        source="|".join([*FORECAST_RUNS, *BASELINE_FORECASTS]),
+        source=one_of(scored_sources()),
         convention="wb2|climax",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        batch=lambda w: (
-            f"--batch-size {EVAL['climax_batch_size']}"
-            if EVAL["climax_batch_size"] and w.convention == "climax"
-            else ""
-        ),
-        # ClimaX scores ACC against the scored period's time mean unless given one.
-        clim=lambda w, input: (
-            f"--climatology {input.climatology}" if w.convention == "wb2" else ""
-        ),
+        options=score_options,
     shell:
-        "{params.dchag} score --forecast {input.forecast} --truth {input.truth} {params.clim} "
-        "--convention {wildcards.convention} {params.batch} --output {output} > {log} 2>&1"
+        "{params.dchag} score --forecast {input.forecast:q} --truth {input.truth:q} {params.options:q} "
+        "--convention {wildcards.convention} --output {output:q} > {log:q} 2>&1"
 
 
 rule compare_scores:
     input:
-        baseline=lambda w: f"{EVAL_DIR}/era5/scores_{COMPARISONS[w.candidate]}_{w.convention}.csv",
+        baseline=compared_baseline,
         candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.csv",
     output:
         report(
@@ -117,16 +125,16 @@ rule compare_scores:
     log:
         f"{LOGS}/compare_{{candidate}}_{{convention}}.log",
     wildcard_constraints:
-        candidate="|".join(COMPARISONS) or "NO_RUNS",
+        candidate=one_of(P.comparisons),
         convention="wb2|climax",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        base=lambda w: COMPARISONS[w.candidate],
+        base=comparison_baseline_name,
     shell:
-        "{params.dchag} compare-scores --baseline {input.baseline} --candidate {input.candidate} "
-        "--baseline-name {params.base} --candidate-name {wildcards.candidate} --output {output} > {log} 2>&1"
+        "{params.dchag} compare-scores --baseline {input.baseline:q} --candidate {input.candidate:q} "
+        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule evaluate_mae:
@@ -139,49 +147,52 @@ rule evaluate_mae:
     log:
         f"{LOGS}/evaluate_{{run}}.log",
     wildcard_constraints:
-        run="|".join(MAE_RUNS) or "NO_RUNS",
+        run=one_of(P.mae_runs),
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        cfg=train_config_arg,
+        cfg=run_config,
     shell:
-        "{params.dchag} evaluate-mae --config {params.cfg} --run-name {wildcards.run} --checkpoint {input.final} "
-        "--data {input.store} --output {output.scores} --samples {output.samples} > {log} 2>&1"
+        "{params.dchag} evaluate-mae --config {params.cfg:q} --run-name {wildcards.run:q} --checkpoint {input.final:q} "
+        "--data {input.store:q} --output {output.scores:q} --samples {output.samples:q} > {log:q} 2>&1"
 
 
-rule evaluate_classify:
+rule evaluate_classification:
     input:
         final=f"{RESULTS}/train/{{run}}/final",
         store=f"{RESULTS}/hsi/classification.zarr",
     output:
-        scores=f"{EVAL_DIR}/hsi/classify_{{run}}.json",
+        scores=f"{EVAL_DIR}/hsi/classification_{{run}}.json",
         per_class=report(
-            f"{EVAL_DIR}/hsi/classify_{{run}}_per_class.csv",
+            f"{EVAL_DIR}/hsi/classification_{{run}}_per_class.csv",
             caption="../report/per_class.rst",
             category="Hyperspectral scores",
             labels={"run": "{run}", "table": "per class"},
         ),
-        map=f"{EVAL_DIR}/hsi/classify_{{run}}_map.npz",
+        map=f"{EVAL_DIR}/hsi/classification_{{run}}_map.npz",
     log:
         f"{LOGS}/evaluate_{{run}}.log",
     wildcard_constraints:
-        run="|".join(CLASSIFY_RUNS) or "NO_RUNS",
+        run=one_of(P.classification_runs),
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        cfg=train_config_arg,
+        cfg=run_config,
     shell:
-        "{params.dchag} evaluate-classify --config {params.cfg} --run-name {wildcards.run} "
-        "--checkpoint {input.final} --data {input.store} --output {output.scores} "
-        "--per-class {output.per_class} --map {output.map} > {log} 2>&1"
+        "{params.dchag} evaluate-classification --config {params.cfg:q} --run-name {wildcards.run:q} "
+        "--checkpoint {input.final:q} --data {input.store:q} --output {output.scores:q} "
+        "--per-class {output.per_class:q} --map {output.map:q} > {log:q} 2>&1"
 
 
 rule hsi_scores:
     input:
-        [f"{EVAL_DIR}/hsi/recon_{run}.json" for run in MAE_RUNS]
-        + [f"{EVAL_DIR}/hsi/classify_{run}.json" for run in CLASSIFY_RUNS],
+        [f"{EVAL_DIR}/hsi/recon_{run}.json" for run in P.mae_runs]
+        + [
+            f"{EVAL_DIR}/hsi/classification_{run}.json"
+            for run in P.classification_runs
+        ],
     output:
         report(
             f"{EVAL_DIR}/hsi/scores.csv",
@@ -192,8 +203,54 @@ rule hsi_scores:
     log:
         f"{LOGS}/hsi_scores.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
-        "{params.dchag} hsi-scores {input} --output {output} > {log} 2>&1"
+        "{params.dchag} hsi-scores {input:q} --output {output:q} > {log:q} 2>&1"
+
+
+# Using what was trained (named targets, not part of `all`): a run's exported model over the
+# test period (a hindcast in WeatherBench 2's layout), or over the classification scene.
+rule predict_hindcast:
+    input:
+        model=f"{RESULTS}/train/{{run}}/model/model.json",
+        test=f"{RESULTS}/era5/test.zarr",
+    output:
+        directory(f"{RESULTS}/predict/{{run}}/hindcast.zarr"),
+    log:
+        f"{LOGS}/predict_hindcast_{{run}}.log",
+    wildcard_constraints:
+        run=one_of(P.forecast_runs),
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        model=model_folder,
+        leads=EVAL["lead_hours"],
+        batch=EVAL["inference_batch_size"],
+    shell:
+        "{params.dchag} predict --model {params.model:q} --store {input.test:q} --lead-hours {params.leads:q} "
+        "--batch-size {params.batch} --output {output:q} > {log:q} 2>&1"
+
+
+rule predict_scene:
+    input:
+        model=f"{RESULTS}/train/{{run}}/model/model.json",
+        image=classification_scene,
+    output:
+        store=directory(f"{RESULTS}/predict/{{run}}/scene.zarr"),
+        png=f"{RESULTS}/predict/{{run}}/scene.png",
+    log:
+        f"{LOGS}/predict_scene_{{run}}.log",
+    wildcard_constraints:
+        run=one_of(P.classification_runs),
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        model=model_folder,
+        key=classification_scene_key,
+    shell:
+        "{params.dchag} predict --model {params.model:q} --image {input.image:q} {params.key:q} "
+        "--output {output.store:q} > {log:q} 2>&1"

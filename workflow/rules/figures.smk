@@ -4,7 +4,7 @@
 
 rule fig_loss_curves:
     input:
-        [f"{RESULTS}/train/{run}/log.csv" for run in TRAIN_RUNS],
+        [f"{RESULTS}/train/{run}/log.csv" for run in P.train_runs],
     output:
         png=report(
             f"{FIGURES}/loss_curves.png",
@@ -16,19 +16,16 @@ rule fig_loss_curves:
     log:
         f"{LOGS}/fig_loss_curves.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
-        "{params.dchag} figure loss-curves {input} --output {output.png} > {log} 2>&1"
+        "{params.dchag} figure loss-curves {input:q} --output {output.png:q} > {log:q} 2>&1"
 
 
 rule fig_lead_time:
     input:
-        lambda w: [
-            f"{EVAL_DIR}/era5/scores_{source}_{w.convention}.csv"
-            for source in [*FORECAST_RUNS, *BASELINE_FORECASTS]
-        ],
+        lead_time_scores,
     output:
         png=report(
             f"{FIGURES}/lead_time_{{convention}}.png",
@@ -42,16 +39,16 @@ rule fig_lead_time:
     wildcard_constraints:
         convention="wb2|climax",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
-        "{params.dchag} figure lead-time {input} --output {output.png} > {log} 2>&1"
+        "{params.dchag} figure lead-time {input:q} --output {output.png:q} > {log:q} 2>&1"
 
 
 rule fig_forecast_maps:
     input:
-        forecasts=[f"{EVAL_DIR}/era5/forecast_{run}.zarr" for run in FORECAST_RUNS],
+        forecasts=[f"{EVAL_DIR}/era5/forecast_{run}.zarr" for run in P.forecast_runs],
         truth=f"{EVAL_DIR}/era5/truth.zarr",
     output:
         png=report(
@@ -64,22 +61,18 @@ rule fig_forecast_maps:
     log:
         f"{LOGS}/fig_forecast_maps.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        variable=(
-            f"--variables {EVAL['map_variable'] or forecast_outputs()[0]}"
-            if FORECAST_RUNS
-            else ""
-        ),
+        variable=map_variable(),
     shell:
-        "{params.dchag} figure forecast-maps {input.forecasts} --truth {input.truth} {params.variable} "
-        "--output {output.png} > {log} 2>&1"
+        "{params.dchag} figure forecast-maps {input.forecasts:q} --truth {input.truth:q} "
+        "--variables {params.variable:q} --output {output.png:q} > {log:q} 2>&1"
 
 
 rule fig_hsi_reconstruction:
     input:
-        [f"{EVAL_DIR}/hsi/recon_{run}.npz" for run in MAE_RUNS],
+        [f"{EVAL_DIR}/hsi/recon_{run}.npz" for run in P.mae_runs],
     output:
         png=report(
             f"{FIGURES}/hsi_reconstruction.png",
@@ -91,16 +84,19 @@ rule fig_hsi_reconstruction:
     log:
         f"{LOGS}/fig_hsi_reconstruction.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
-        "{params.dchag} figure hsi-reconstruction {input} --output {output.png} > {log} 2>&1"
+        "{params.dchag} figure hsi-reconstruction {input:q} --output {output.png:q} > {log:q} 2>&1"
 
 
 rule fig_classification:
     input:
-        [f"{EVAL_DIR}/hsi/classify_{run}_map.npz" for run in CLASSIFY_RUNS],
+        [
+            f"{EVAL_DIR}/hsi/classification_{run}_map.npz"
+            for run in P.classification_runs
+        ],
     output:
         png=report(
             f"{FIGURES}/classification.png",
@@ -112,17 +108,40 @@ rule fig_classification:
     log:
         f"{LOGS}/fig_classification.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
-        "{params.dchag} figure classification {input} --output {output.png} > {log} 2>&1"
+        "{params.dchag} figure classification {input:q} --output {output.png:q} > {log:q} 2>&1"
+
+
+rule fig_foundation:
+    input:
+        unpack(foundation_inputs),
+    output:
+        png=report(
+            f"{FIGURES}/foundation.png",
+            caption="../report/foundation.rst",
+            category="Figures",
+            subcategory="Hyperspectral",
+        ),
+        pdf=f"{FIGURES}/foundation.pdf",
+        table=f"{FIGURES}/foundation.csv",
+    log:
+        f"{LOGS}/fig_foundation.log",
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        words=foundation_words,
+    shell:
+        "{params.dchag} figure foundation {params.words:q} --output {output.png:q} > {log:q} 2>&1"
 
 
 # Every figure, from existing results (a named target: `snakemake figures`).
 rule figures:
     input:
-        figure_outputs(),
+        P.figure_outputs(),
     localrule: True
 
 
@@ -145,14 +164,14 @@ rule verify_report:
     log:
         f"{LOGS}/verify_report.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        runs=" ".join(f"{run}={RESULTS}/train/{run}" for run in VERIFY_RUNS),
-        tolerance=S.verify.tolerance if S.verify else None,
+        runs=verify_run_dirs,
+        tolerance=P.settings.verify.tolerance if P.settings.verify else None,
     shell:
-        "{params.dchag} verify-report {params.runs} --tolerance {params.tolerance} "
-        "--output {output.table} --figure {output.png} > {log} 2>&1"
+        "{params.dchag} verify-report {params.runs:q} --tolerance {params.tolerance} "
+        "--output {output.table:q} --figure {output.png:q} > {log:q} 2>&1"
 
 
 rule verify:

@@ -12,31 +12,31 @@ if HSI and HSI["demo"]:
         log:
             f"{LOGS}/hsi_demo.log",
         conda:
-            "../envs/preprocess.yaml"
+            "../../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
-            outdir=lambda w, output: Path(output.image).parent,
+            outdir=output_dir,
         shell:
-            "{params.dchag} demo-hsi --outdir {params.outdir} > {log} 2>&1"
+            "{params.dchag} demo-hsi --outdir {params.outdir:q} > {log:q} 2>&1"
 
 
 if "classification" in HSI:
 
     rule hsi_classification:
         input:
-            image=HSI["classification"]["image"],
-            labels=HSI["classification"]["labels"],
+            hsi_classification_inputs(),
         output:
             directory(f"{RESULTS}/hsi/classification.zarr"),
         log:
             f"{LOGS}/hsi_classification.log",
         conda:
-            "../envs/preprocess.yaml"
+            "../../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
-            cfg=config_arg("hsi"),
+            cfg=section_config("hsi"),
         shell:
-            "{params.dchag} preprocess-hsi --config {params.cfg} --task classification --output {output} > {log} 2>&1"
+            "{params.dchag} preprocess-hsi --config {params.cfg:q} --task classification --output {output:q} "
+            "> {log:q} 2>&1"
 
 
 if "mae" in HSI:
@@ -49,9 +49,9 @@ if "mae" in HSI:
         log:
             f"{LOGS}/hsi_mae.log",
         conda:
-            "../envs/preprocess.yaml"
+            "../../envs/preprocess.yaml"
         params:
             dchag=DCHAG,
-            cfg=config_arg("hsi"),
+            cfg=section_config("hsi"),
         shell:
-            "{params.dchag} preprocess-hsi --config {params.cfg} --task mae --output {output} > {log} 2>&1"
+            "{params.dchag} preprocess-hsi --config {params.cfg:q} --task mae --output {output:q} > {log:q} 2>&1"

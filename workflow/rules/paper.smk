@@ -6,31 +6,28 @@
 
 rule paper_point:
     output:
-        f"{PAPER_DIR}/points/{{point}}.json",
+        f"{RESULTS}/paper/points/{{point}}.json",
     log:
         f"{LOGS}/paper/{{point}}.log",
     wildcard_constraints:
-        point="|".join(PAPER_POINTS) or "NO_POINTS",
+        point=one_of(P.paper_points),
     conda:
-        "../envs/train.yaml"
-    threads: lambda w: paper_resources(w.point).per_node
+        "../../envs/train.yaml"
+    threads: paper_point_threads
     resources:
-        **paper_point_resources(),
+        **torchrun_resources(paper_shape),
     params:
         launch=paper_launcher,
         cfg=paper_point_config,
-        # the job's threads over its ranks (Snakemake exports the job's thread count, which
-        # torchrun would give every rank)
-        rank_threads=lambda w, threads: PAPER["threads_per_rank"]
-        or max(1, threads // paper_resources(w.point).per_node),
+        rank_threads=paper_rank_threads,
     shell:
-        "{params.launch} paper-point --config {params.cfg} --point {wildcards.point} --output {output} "
-        "--threads-per-rank {params.rank_threads} > {log} 2>&1"
+        "{params.launch} paper-point --config {params.cfg:q} --point {wildcards.point:q} --output {output:q} "
+        "--threads-per-rank {params.rank_threads} > {log:q} 2>&1"
 
 
 rule fig_paper:
     input:
-        lambda w: paper_point_files(w.kind),
+        paper_point_files,
     output:
         png=report(
             f"{FIGURES}/paper/{{kind}}.png",
@@ -45,11 +42,11 @@ rule fig_paper:
     wildcard_constraints:
         kind="front_share|tokenization|tree|full_models|tp_scaling",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
-        "{params.dchag} paper-figure {wildcards.kind} {input} --output {output.png} > {log} 2>&1"
+        "{params.dchag} paper-figure {wildcards.kind} {input:q} --output {output.png:q} > {log:q} 2>&1"
 
 
 rule fig_paper_accuracy:
@@ -67,18 +64,14 @@ rule fig_paper_accuracy:
     log:
         f"{LOGS}/fig_paper_accuracy.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        mae=lambda w, input: " ".join(
-            f"{v}={input[f'mae_{v}']}" for v in PAPER_ACCURACY.get("mae", {})
-        ),
-        forecast=lambda w, input: " ".join(
-            f"{v}={input[f'forecast_{v}']}" for v in PAPER_ACCURACY.get("forecast", {})
-        ),
+        mae=paper_accuracy_runs("mae"),
+        forecast=paper_accuracy_runs("forecast"),
     shell:
-        "{params.dchag} paper-figure accuracy {input.comparisons} --mae {params.mae} --forecast {params.forecast} "
-        "--output {output.png} > {log} 2>&1"
+        "{params.dchag} paper-figure accuracy {input.comparisons:q} --mae {params.mae:q} "
+        "--forecast {params.forecast:q} --output {output.png:q} > {log:q} 2>&1"
 
 
 rule paper:

@@ -16,37 +16,59 @@ rule train:
     benchmark:
         f"{RESULTS}/benchmarks/train_{{run}}.tsv"
     wildcard_constraints:
-        run="|".join(ALL_RUNS) or "NO_RUNS",
+        run=one_of(P.all_runs),
     conda:
-        "../envs/train.yaml"
-    threads: lambda w: run_train(w.run).nproc
+        "../../envs/train.yaml"
+    threads: train_threads
     resources:
-        **train_resources(),
+        **torchrun_resources(train_shape),
     params:
         launch=train_launcher,
-        cfg=train_config_arg,
-        nproc=lambda w: run_train(w.run).nproc,
-        restarts=lambda w: run_train(w.run).max_restarts,
-        # the job's threads over its ranks (Snakemake exports OMP/MKL/BLAS thread counts =
-        # the job's threads, which torchrun would pass to every rank)
-        rank_threads=lambda w, threads: max(1, threads // run_train(w.run).nproc),
-        outdir=lambda w, output: Path(output.log).parent,
+        cfg=run_config,
+        nproc=run_processes,
+        restarts=run_restarts,
+        rank_threads=rank_threads,
+        outdir=run_dir,
+        init=init_option,
     shell:
-        "{params.launch} launch-train --config {params.cfg} --run-name {wildcards.run} --output {params.outdir} "
-        "--train-data {input.train} --val-data {input.val} --nproc {params.nproc} --max-restarts {params.restarts} "
-        "--threads-per-rank {params.rank_threads} > {log} 2>&1"
+        "{params.launch} launch-train --config {params.cfg:q} --run-name {wildcards.run:q} --output {params.outdir:q} "
+        "--train-data {input.train:q} --val-data {input.val:q} --nproc {params.nproc} "
+        "--max-restarts {params.restarts} --threads-per-rank {params.rank_threads} {params.init:q} > {log:q} 2>&1"
+
+
+# A run as one self-describing model folder (model.safetensors + model.json): what another
+# run's init_from starts from, and what `dchag predict --model` takes.
+rule export_model:
+    input:
+        unpack(export_inputs),
+    output:
+        meta=f"{RESULTS}/train/{{run}}/model/model.json",
+        weights=f"{RESULTS}/train/{{run}}/model/model.safetensors",
+    log:
+        f"{LOGS}/export_{{run}}.log",
+    wildcard_constraints:
+        run=one_of(P.all_runs),
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        cfg=run_config,
+        outdir=model_dir,
+    shell:
+        "{params.dchag} export --config {params.cfg:q} --run-name {wildcards.run:q} --checkpoint {input.final:q} "
+        "--data {input.store:q} --output {params.outdir:q} > {log:q} 2>&1"
 
 
 rule train_summary:
     input:
-        [f"{RESULTS}/train/{run}/log.csv" for run in TRAIN_RUNS],
+        [f"{RESULTS}/train/{run}/log.csv" for run in P.train_runs],
     output:
         f"{RESULTS}/train/summary.csv",
     log:
         f"{LOGS}/train_summary.log",
     conda:
-        "../envs/train.yaml"
+        "../../envs/train.yaml"
     params:
         dchag=DCHAG,
     shell:
-        "{params.dchag} train-summary {input} --output {output} > {log} 2>&1"
+        "{params.dchag} train-summary {input:q} --output {output:q} > {log:q} 2>&1"

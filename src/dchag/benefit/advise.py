@@ -22,8 +22,12 @@ from .costmodel import STRATEGIES, Prediction, Workload, article_ratio, predict
 from .hardware import Compute, Hardware
 
 ADOPT_THRESHOLD = 0.05
-LOSSY = {"rotation": "a subset of the channel groups per step", "compress-int8-ef": "8-bit gradients",
-         "compress-fp16": "16-bit gradients", "fixed-group": "another aggregation than the model's"}
+LOSSY = {
+    "rotation": "a subset of the channel groups per step",
+    "compress-int8-ef": "8-bit gradients",
+    "compress-fp16": "16-bit gradients",
+    "fixed-group": "another aggregation than the model's",
+}
 
 
 def regime(dp: Prediction, latency_s: float) -> str:
@@ -32,8 +36,15 @@ def regime(dp: Prediction, latency_s: float) -> str:
     return "latency-bound" if latency_s > dp.comm_s - latency_s else "communication-bound"
 
 
-def advise(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate: Compute | float, memory_bytes: float | None = None,
-           strategies: tuple[str, ...] = STRATEGIES) -> dict:
+def advise(
+    w: Workload,
+    hw: Hardware,
+    gpus: int,
+    gpus_per_node: int,
+    rate: Compute | float,
+    memory_bytes: float | None = None,
+    strategies: tuple[str, ...] = STRATEGIES,
+) -> dict:
     rows = []
     for s in strategies:
         try:
@@ -41,69 +52,175 @@ def advise(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate: Compu
         except ValueError as err:
             rows.append(Prediction(s, 0, float("nan"), float("nan"), float("nan"), float("nan"), str(err)))
     dp = next(r for r in rows if r.strategy == "dp")
-    latency_only = predict(w, replace(hw, intra_bw=float("inf"), inter_bw=float("inf")), gpus, gpus_per_node, "dp", rate)
+    latency_only = predict(
+        w, replace(hw, intra_bw=float("inf"), inter_bw=float("inf")), gpus, gpus_per_node, "dp", rate
+    )
     reg = regime(dp, latency_only.comm_s)
     table = []
     for r in rows:
         fits = memory_bytes is None or r.memory_bytes <= memory_bytes
-        table.append({
-            "strategy": r.strategy, "tp": r.tp, "compute_s": r.compute_s, "comm_intra_s": r.comm_intra_s,
-            "comm_inter_s": r.comm_inter_s, "step_s": r.step_s, "memory_gb": r.memory_bytes / 1e9,
-            "R_vs_dp": (dp.step_s - r.step_s) / dp.compute_s, "fits": fits, "note": r.note,
-        })
+        table.append(
+            {
+                "strategy": r.strategy,
+                "tp": r.tp,
+                "compute_s": r.compute_s,
+                "comm_intra_s": r.comm_intra_s,
+                "comm_inter_s": r.comm_inter_s,
+                "step_s": r.step_s,
+                "memory_gb": r.memory_bytes / 1e9,
+                "R_vs_dp": (dp.step_s - r.step_s) / dp.compute_s,
+                "fits": fits,
+                "note": r.note,
+            }
+        )
     candidates = [t for t in table if t["fits"] and t["step_s"] == t["step_s"]]
     best = min(candidates, key=lambda t: t["step_s"]) if candidates else None
     dp_row = next(t for t in table if t["strategy"] == "dp")
-    reasons = [f"data parallelism: compute {dp.compute_s * 1e3:.1f} ms, communication {dp.comm_s * 1e3:.1f} ms "
-               f"({dp.comm_inter_s * 1e3:.1f} ms between nodes) per step: {reg}"]
+    reasons = [
+        f"data parallelism: compute {dp.compute_s * 1e3:.1f} ms, communication {dp.comm_s * 1e3:.1f} ms "
+        f"({dp.comm_inter_s * 1e3:.1f} ms between nodes) per step: {reg}"
+    ]
     if not dp_row["fits"]:
-        reasons.append(f"data parallelism needs {dp_row['memory_gb']:.1f} GB per GPU, more than the {memory_bytes / 1e9:.1f} GB available")
+        reasons.append(
+            f"data parallelism needs {dp_row['memory_gb']:.1f} GB per GPU, "
+            f"more than the {memory_bytes / 1e9:.1f} GB available"
+        )
     if best is None:
         choice = None
         reasons.append("no strategy fits in memory: use more GPUs, FSDP across more ranks, or a smaller model/batch")
-    elif best["strategy"] != "dp" and (not dp_row["fits"] or (dp.step_s - best["step_s"]) / dp.step_s > ADOPT_THRESHOLD):
+    elif best["strategy"] != "dp" and (
+        not dp_row["fits"] or (dp.step_s - best["step_s"]) / dp.step_s > ADOPT_THRESHOLD
+    ):
         choice = best["strategy"]
         gain = (dp.step_s - best["step_s"]) / dp.step_s
-        reasons.append(f"{choice} is the fastest that fits: step {best['step_s'] * 1e3:.1f} ms vs {dp.step_s * 1e3:.1f} ms "
-                       f"({gain:+.0%} time saved), R = {best['R_vs_dp']:.3f}")
+        reasons.append(
+            f"{choice} is the fastest that fits: step {best['step_s'] * 1e3:.1f} ms vs {dp.step_s * 1e3:.1f} ms "
+            f"({gain:+.0%} time saved), R = {best['R_vs_dp']:.3f}"
+        )
     else:
         choice = "dp" if dp_row["fits"] else best["strategy"]
         reasons.append(f"no strategy beats data parallelism by more than {ADOPT_THRESHOLD:.0%}: keep {choice}")
     if choice in LOSSY:
         check = "a run with train.rotation set" if choice == "rotation" else "`snakemake verify`"
-        reasons.append(f"{choice} changes what each step computes ({LOSSY[choice]}): compare its validation loss with "
-                       f"data parallelism's ({check}) before adopting it")
+        reasons.append(
+            f"{choice} changes what each step computes ({LOSSY[choice]}): compare its validation loss with "
+            f"data parallelism's ({check}) before adopting it"
+        )
     if reg == "latency-bound":
-        reasons.append("latency-bound: fewer synchronisations help most (larger buckets, gradient accumulation, local SGD)")
-    return {"regime": reg, "recommendation": choice, "reasons": reasons, "table": table,
-            "inputs": {"gpus": gpus, "gpus_per_node": gpus_per_node, "alpha_s": hw.alpha, "intra_bw": hw.intra_bw,
-                       "inter_bw": hw.inter_bw, "compute": asdict(rate) if isinstance(rate, Compute) else {"flops_per_s": rate}, "memory_gb": memory_bytes / 1e9 if memory_bytes else None,
-                       "workload": w.__dict__}}
+        reasons.append(
+            "latency-bound: fewer synchronisations help most (larger buckets, gradient accumulation, local SGD)"
+        )
+    return {
+        "regime": reg,
+        "recommendation": choice,
+        "reasons": reasons,
+        "table": table,
+        "inputs": {
+            "gpus": gpus,
+            "gpus_per_node": gpus_per_node,
+            "alpha_s": hw.alpha,
+            "intra_bw": hw.intra_bw,
+            "inter_bw": hw.inter_bw,
+            "compute": asdict(rate) if isinstance(rate, Compute) else {"flops_per_s": rate},
+            "memory_gb": memory_bytes / 1e9 if memory_bytes else None,
+            "workload": w.__dict__,
+        },
+    }
 
 
-def article(gradient_bytes: float, compute_s: float, hw: Hardware, gpus: int, gpus_per_node: int, delta_alpha: float) -> dict:
+def article(
+    gradient_bytes: float, compute_s: float, hw: Hardware, gpus: int, gpus_per_node: int, delta_alpha: float
+) -> dict:
     r = article_ratio(gradient_bytes, compute_s, hw, gpus, gpus_per_node, delta_alpha)
     latency = 2 * (gpus - 1) * hw.alpha
-    reg = ("compute-bound" if r["t_comm_base_s"] < 0.1 * compute_s
-           else "latency-bound" if latency > r["t_comm_base_s"] - latency else "communication-bound")
+    reg = (
+        "compute-bound"
+        if r["t_comm_base_s"] < 0.1 * compute_s
+        else "latency-bound"
+        if latency > r["t_comm_base_s"] - latency
+        else "communication-bound"
+    )
     verdict = "adopt" if r["R"] > ADOPT_THRESHOLD else "not worth it"
-    return {**r, "regime": reg, "recommendation": "hierarchical" if r["R"] > ADOPT_THRESHOLD else "flat",
-            "reasons": [f"R = {r['R']:.3f} ({verdict}: threshold {ADOPT_THRESHOLD})",
-                        f"flat all-reduce {r['t_comm_base_s'] * 1e3:.1f} ms vs hierarchical {r['t_comm_new_s'] * 1e3:.1f} ms "
-                        f"(incl. Δα) against {compute_s * 1e3:.0f} ms of compute: {reg}"]}
+    return {
+        **r,
+        "regime": reg,
+        "recommendation": "hierarchical" if r["R"] > ADOPT_THRESHOLD else "flat",
+        "reasons": [
+            f"R = {r['R']:.3f} ({verdict}: threshold {ADOPT_THRESHOLD})",
+            f"flat all-reduce {r['t_comm_base_s'] * 1e3:.1f} ms vs hierarchical {r['t_comm_new_s'] * 1e3:.1f} ms "
+            f"(incl. Δα) against {compute_s * 1e3:.0f} ms of compute: {reg}",
+        ],
+    }
+
+
+def hardware(
+    profile: str | Path | None,
+    alpha: float | None,
+    intra_bw: float | None,
+    inter_bw: float | None,
+    gpus_per_node: int,
+) -> Hardware:
+    """The cluster: a profile from `dchag calibrate`, or its three numbers given by hand."""
+    from ..config import ConfigError
+
+    if profile:
+        hw = Hardware.from_yaml(profile)
+    elif None not in (alpha, intra_bw, inter_bw):
+        hw = Hardware(alpha, intra_bw, inter_bw, gpus_per_node)
+    else:
+        raise ConfigError("give --hardware FILE (from `dchag calibrate`) or all of --alpha, --intra-bw and --inter-bw")
+    hw.gpus_per_node = gpus_per_node
+    return hw
+
+
+def advise_config(
+    model_config: str | Path,
+    hw: Hardware,
+    gpus: int,
+    gpus_per_node: int,
+    channels: int | None = None,
+    batch: int | None = None,
+    image: tuple[int, int] | None = None,
+    flops_per_s: float | None = None,
+    memory_bytes: float | None = None,
+) -> dict:
+    """:func:`advise` for the model of a config file, at the profile's measured rates (the
+    matmul rate ``flops_per_s`` instead, where given)."""
+    from ..config import ConfigError, load_config
+    from .calibrate import workload_from_config
+
+    w = workload_from_config(load_config(model_config), channels, batch, image)
+    rate = Compute.from_measured(hw.measured)
+    if flops_per_s:
+        rate = replace(rate, flops_per_s=flops_per_s) if rate else Compute(flops_per_s)
+    if rate is None:
+        raise ConfigError("no compute rate: pass --flops-per-s, or a --hardware profile calibrated with --config")
+    return advise(w, hw, gpus, gpus_per_node, rate, memory_bytes)
 
 
 def format_table(result: dict) -> str:
     if "table" not in result:
-        return "\n".join([f"R = {result['R']:.4f}  regime: {result['regime']}  recommendation: {result['recommendation']}",
-                          *result["reasons"]])
-    lines = ["| strategy | TP | compute ms | comm intra ms | comm inter ms | step ms | memory GB/GPU | R vs DP | fits |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        return "\n".join(
+            [
+                f"R = {result['R']:.4f}  regime: {result['regime']}  recommendation: {result['recommendation']}",
+                *result["reasons"],
+            ]
+        )
+    lines = [
+        "| strategy | TP | compute ms | comm intra ms | comm inter ms | step ms | memory GB/GPU | R vs DP | fits |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for t in result["table"]:
-        lines.append(f"| {t['strategy']} | {t['tp']} | {t['compute_s'] * 1e3:.2f} | {t['comm_intra_s'] * 1e3:.2f} | "
-                     f"{t['comm_inter_s'] * 1e3:.2f} | {t['step_s'] * 1e3:.2f} | {t['memory_gb']:.2f} | {t['R_vs_dp']:+.3f} | "
-                     f"{'yes' if t['fits'] else 'no'}{' (' + t['note'] + ')' if t['note'] else ''} |")
-    lines += ["", f"Regime: {result['regime']}. Recommendation: {result['recommendation']}.", *[f"- {r}" for r in result["reasons"]]]
+        lines.append(
+            f"| {t['strategy']} | {t['tp']} | {t['compute_s'] * 1e3:.2f} | {t['comm_intra_s'] * 1e3:.2f} | "
+            f"{t['comm_inter_s'] * 1e3:.2f} | {t['step_s'] * 1e3:.2f} | {t['memory_gb']:.2f} | {t['R_vs_dp']:+.3f} | "
+            f"{'yes' if t['fits'] else 'no'}{' (' + t['note'] + ')' if t['note'] else ''} |"
+        )
+    lines += [
+        "",
+        f"Regime: {result['regime']}. Recommendation: {result['recommendation']}.",
+        *[f"- {r}" for r in result["reasons"]],
+    ]
     return "\n".join(lines)
 
 

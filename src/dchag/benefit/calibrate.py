@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,21 +32,35 @@ from .hardware import Compute, Hardware
 from .trace import count
 
 
-def workload_from_config(config: dict, channels: int | None = None, batch: int | None = None,
-                         image: tuple[int, int] | None = None, act_bytes: int = 2) -> Workload:
+def workload_from_config(
+    config: dict,
+    channels: int | None = None,
+    batch: int | None = None,
+    image: tuple[int, int] | None = None,
+    act_bytes: int = 2,
+) -> Workload:
     """The cost model's workload for the config's model (forecasting), with the config's ERA5
     channels and grid unless ``channels`` / ``image`` say otherwise."""
     from ..config import ConfigError, settings
-    from ..train.tasks import era5_model_config
+    from ..era5.source import forecast_model_config
 
     if image is None and "era5" not in config:
         raise ConfigError("the config has no era5 section: pass the image size (--image H W) and --channels")
     s = settings(config)
-    cfg = era5_model_config(s, in_channels=channels, img_size=image)
-    return Workload(channels=cfg.in_channels, embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads,
-                    tokens=cfg.num_patches, patch_size=cfg.patch_size,
-                    batch=batch or s.train.batch_size, mlp_ratio=cfg.mlp_ratio,
-                    act_bytes=act_bytes, out_channels=len(cfg.out_channels) or 5, tree=s.model.tree)
+    cfg = forecast_model_config(s, in_channels=channels, img_size=image)
+    return Workload(
+        channels=cfg.in_channels,
+        embed_dim=cfg.embed_dim,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        tokens=cfg.num_patches,
+        patch_size=cfg.patch_size,
+        batch=batch or s.train.batch_size,
+        mlp_ratio=cfg.mlp_ratio,
+        act_bytes=act_bytes,
+        out_channels=len(cfg.out_channels) or 5,
+        tree=s.model.tree,
+    )
 
 
 def _time(fn, repeats: int, group=None, min_s: float = 0.0) -> float:
@@ -79,10 +95,10 @@ def _collectives(sizes: list[int], ranks: list[int], repeats: int, device: torch
     n = len(ranks)
     for size in sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        out["all_reduce"].append((size, _time(lambda: dist.all_reduce(x, group=group), repeats, group)))
+        out["all_reduce"].append((size, _time(partial(dist.all_reduce, x, group=group), repeats, group)))
         part = torch.ones(max(1, size // 4 // n), dtype=torch.float32, device=device)
         dest = torch.empty(part.numel() * n, dtype=torch.float32, device=device)
-        out["all_gather"].append((size, _time(lambda: _all_gather(dest, part, group), repeats, group)))
+        out["all_gather"].append((size, _time(partial(_all_gather, dest, part, group), repeats, group)))
     return out
 
 
@@ -96,8 +112,12 @@ def fit(points: list[tuple[int, float]], n: int, kind: str) -> dict:
     slope = max(slope, 1e-15)
     intercept = max(intercept, 0.0)
     pred = intercept + v * slope
-    return {"alpha": float(intercept / steps), "bw": float(1.0 / slope), "median_rel_error": float(np.median(np.abs(pred - t) / t)),
-            "points": [[int(s), float(x)] for s, x in points]}
+    return {
+        "alpha": float(intercept / steps),
+        "bw": float(1.0 / slope),
+        "median_rel_error": float(np.median(np.abs(pred - t) / t)),
+        "points": [[int(s), float(x)] for s, x in points],
+    }
 
 
 def _per_op(fn, n: int = 200) -> float:
@@ -125,6 +145,7 @@ def _processor(w: Workload, device: torch.device, repeats: int) -> dict:
     m, k, n = w.batch * w.tokens, w.embed_dim, int(w.mlp_ratio * w.embed_dim)
     a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
     matmul_s = _time(lambda: (torch.mm(a, b), _sync(device)), repeats, min_s=0.05)
+
     def stream(size: int) -> float:
         x, y = (torch.ones(size // 4, device=device) for _ in range(2))
         return 3 * size / _time(lambda: (x + y, _sync(device)), repeats, min_s=0.05)  # a fresh output, as in training
@@ -134,7 +155,9 @@ def _processor(w: Workload, device: torch.device, repeats: int) -> dict:
     # way a model's operators run (module calls, autograd graph), divided by the operators and
     # views the trace counts in it.
     torch.manual_seed(0)
-    chain = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())]).to(device)
+    chain = torch.nn.Sequential(
+        *[m for _ in range(8) for m in (torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())]
+    ).to(device)
     small = torch.randn(4, 8, device=device)
     run_chain = lambda: (chain(small).sum().backward(), _sync(device))  # noqa: E731
     counted = count(run_chain)
@@ -144,10 +167,15 @@ def _processor(w: Workload, device: torch.device, repeats: int) -> dict:
     solo = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("others", "solo"))["solo"]
     torch.manual_seed(0)
     plain = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)).to(device)
-    tp = parallelize_module(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)).to(device), solo,
-                            {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    tp = parallelize_module(
+        torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)).to(device),
+        solo,
+        {"0": ColwiseParallel(), "1": RowwiseParallel()},
+    )
     inp = torch.randn(4, 16, device=device)
-    tp_linear_s = max(0.0, (_per_op(lambda: tp(inp).sum().backward(), 50) - _per_op(lambda: plain(inp).sum().backward(), 50)) / 2)
+    tp_linear_s = max(
+        0.0, (_per_op(lambda: tp(inp).sum().backward(), 50) - _per_op(lambda: plain(inp).sum().backward(), 50)) / 2
+    )
     opt_plain, opt_tp = torch.optim.AdamW(plain.parameters()), torch.optim.AdamW(tp.parameters())
     dtensor_param_s = max(0.0, (_per_op(opt_tp.step, 50) - _per_op(opt_plain.step, 50)) / 4)
     worst = torch.tensor([matmul_s, op_s, tp_linear_s, dtensor_param_s], dtype=torch.float64, device=device)
@@ -156,18 +184,25 @@ def _processor(w: Workload, device: torch.device, repeats: int) -> dict:
     bws = torch.tensor([bw for _, bw in curve], dtype=torch.float64, device=device)
     dist.all_reduce(bws, op=dist.ReduceOp.MIN)
     curve = [[size, float(bw)] for (size, _), bw in zip(curve, bws)]
-    return {"flops_per_s": 2 * m * k * n / matmul_s, "matmul": [m, k, n], "mem_bw": curve[-1][1], "mem_curve": curve,
-            "op_s": op_s, "tp_linear_s": tp_linear_s, "dtensor_param_s": dtensor_param_s}
+    return {
+        "flops_per_s": 2 * m * k * n / matmul_s,
+        "matmul": [m, k, n],
+        "mem_bw": curve[-1][1],
+        "mem_curve": curve,
+        "op_s": op_s,
+        "tp_linear_s": tp_linear_s,
+        "dtensor_param_s": dtensor_param_s,
+    }
 
 
 def _model_step(config: dict, w: Workload, device: torch.device, channels: int | None, steps: int) -> float:
     """Seconds of one training step (AdamW) of the config's data-parallel (one-device) model."""
     from ..config import settings
+    from ..era5.source import forecast_model_config
     from ..model import ChannelViT
-    from ..train.tasks import era5_model_config
 
-    cfg = era5_model_config(settings(config), in_channels=channels)
-    cfg.aggregation, cfg.groups = "baseline", 1
+    # data parallelism's model: the baseline aggregation
+    cfg = replace(forecast_model_config(settings(config), in_channels=channels), aggregation="baseline", groups=1)
     model = ChannelViT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(w.batch, cfg.in_channels, *cfg.img_size, device=device)
@@ -182,8 +217,15 @@ def _model_step(config: dict, w: Workload, device: torch.device, channels: int |
     return _time(step, steps)
 
 
-def calibrate(config: dict | None, output: str | Path, sizes: list[int] | None = None, repeats: int = 5,
-              channels: int | None = None, batch: int | None = None, compute_steps: int = 5) -> Hardware | None:
+def calibrate(
+    config: dict | None,
+    output: str | Path,
+    sizes: list[int] | None = None,
+    repeats: int = 5,
+    channels: int | None = None,
+    batch: int | None = None,
+    compute_steps: int = 5,
+) -> Hardware | None:
     from ..parallel import init_distributed
 
     backend, device = init_distributed()
@@ -197,10 +239,14 @@ def calibrate(config: dict | None, output: str | Path, sizes: list[int] | None =
     fits = {}
     if len(intra_ranks) >= 2:
         res = _collectives(sizes, intra_ranks, repeats, device)
-        fits["intra"] = {k: fit(res[k], len(intra_ranks), k) for k in ("all_reduce", "all_gather")} if res["all_reduce"] else {}
+        fits["intra"] = (
+            {k: fit(res[k], len(intra_ranks), k) for k in ("all_reduce", "all_gather")} if res["all_reduce"] else {}
+        )
     if world > local:
         res = _collectives(sizes, list(range(0, world, local)), repeats, device)
-        fits["inter"] = {k: fit(res[k], len(res["ranks"]), k) for k in ("all_reduce", "all_gather")} if res["all_reduce"] else {}
+        fits["inter"] = (
+            {k: fit(res[k], len(res["ranks"]), k) for k in ("all_reduce", "all_gather")} if res["all_reduce"] else {}
+        )
     measured["collectives"] = fits
     if config is not None:
         from .costmodel import predict
@@ -210,11 +256,19 @@ def calibrate(config: dict | None, output: str | Path, sizes: list[int] | None =
         step_s = _model_step(config, w, device, channels, compute_steps)
         # the compute model with the microbenchmarks' rates against the model's measured step:
         # their ratio is the profile's efficiency (hardware.Compute)
-        predicted = predict(w, Hardware(0.0, float("inf"), float("inf"), 1), 1, 1, "dp",
-                            Compute.from_measured({"compute": rates})).compute_s
-        measured["compute"] = {**rates, "efficiency": step_s / predicted, "model_step_s": step_s,
-                               "microbenchmark_step_s": predicted, "batch": w.batch, "channels": w.channels,
-                               "embed_dim": w.embed_dim, "depth": w.depth}
+        predicted = predict(
+            w, Hardware(0.0, float("inf"), float("inf"), 1), 1, 1, "dp", Compute.from_measured({"compute": rates})
+        ).compute_s
+        measured["compute"] = {
+            **rates,
+            "efficiency": step_s / predicted,
+            "model_step_s": step_s,
+            "microbenchmark_step_s": predicted,
+            "batch": w.batch,
+            "channels": w.channels,
+            "embed_dim": w.embed_dim,
+            "depth": w.depth,
+        }
     if dist.get_rank() != 0:
         return None
     if world == 1:  # one process: the processor only; no collectives to time

@@ -29,16 +29,14 @@ subset of channel groups per step).
 
 from __future__ import annotations
 
-from ..config import ConfigError
-
 from dataclasses import dataclass
 
+from ..config import ConfigError
+from ..vocabulary import MODEL_VARIANTS, VARIANTS
 from . import hardware as hwm
 from .hardware import Compute, Hardware
 
 BYTES_PER_PARAM_STATE = 16
-STRATEGIES = ("dp", "fsdp-zero2", "fsdp-zero3", "compress-fp16", "compress-int8-ef", "tp", "dchag-l", "dchag-c",
-              "fixed-group", "rotation")
 
 
 @dataclass
@@ -59,9 +57,13 @@ class Work:
         # no overlap of arithmetic and memory traffic: on the CPU a large output's first-touch
         # page faults stall the matmul that writes it (measured: the sum predicts the model
         # benchmark better than the roofline's max, benchmarks/results/benefit_model_check.md)
-        return (self.flops / c.flops_per_s + (self.mm_bytes + self.bytes) / bw + (self.ops + self.views) * c.op_s
-                + self.tp_linears * c.tp_linear_s
-                + self.dtensor_params * c.dtensor_param_s)
+        return (
+            self.flops / c.flops_per_s
+            + (self.mm_bytes + self.bytes) / bw
+            + (self.ops + self.views) * c.op_s
+            + self.tp_linears * c.tp_linear_s
+            + self.dtensor_params * c.dtensor_param_s
+        )
 
 
 def compute_seconds(parts: list[Work], c: Compute | float) -> float:
@@ -158,14 +160,26 @@ class Workload:
         ops, views = ops * calls, views * calls
         u = self.unit()
         # the input needs no gradient: forward and the weight gradient only (2x the forward)
-        return Work(2 * self.tokenizer_flops(channels) * (1 + 1 / self.patch_size**2), mm * channels * u, other * channels * u,
-                    ops, views, size=channels * u)
+        return Work(
+            2 * self.tokenizer_flops(channels) * (1 + 1 / self.patch_size**2),
+            mm * channels * u,
+            other * channels * u,
+            ops,
+            views,
+            size=channels * u,
+        )
 
     def linear_work(self, inputs: int, tree: int = 0) -> Work:
         mm, other, ops, views = LINEAR["tree" if tree else 0]
         u = self.unit()
-        return Work(6 * self.batch * self.tokens * self.embed_dim * inputs, mm * inputs * u, other * inputs * u, ops, views,
-                    size=inputs * u)
+        return Work(
+            6 * self.batch * self.tokens * self.embed_dim * inputs,
+            mm * inputs * u,
+            other * inputs * u,
+            ops,
+            views,
+            size=inputs * u,
+        )
 
     def query_work(self, inputs: int, tp: int = 1, tree: int = 0, count: int = 1) -> Work:
         """``count`` query aggregations over ``inputs`` tokens each (one module, shared weights);
@@ -178,15 +192,33 @@ class Workload:
             level1.bytes *= tree
             level1.size *= tree
             level2 = self.query_work(tree, tp, 0, count)
-            return Work(level1.flops + level2.flops, level1.mm_bytes + level2.mm_bytes, level1.bytes + level2.bytes,
-                        level1.ops + level2.ops, level1.views + level2.views, level1.tp_linears, level1.dtensor_params, level1.size)
+            return Work(
+                level1.flops + level2.flops,
+                level1.mm_bytes + level2.mm_bytes,
+                level1.bytes + level2.bytes,
+                level1.ops + level2.ops,
+                level1.views + level2.views,
+                level1.tp_linears,
+                level1.dtensor_params,
+                level1.size,
+            )
         mm, other, ops, views = QUERY
         u = self.unit() * inputs * count
         tp_lin = QUERY_TP_LINEARS if tp > 1 else 0
         d = self.embed_dim
-        weights = count * WEIGHT_PASSES * 4 * (4 * d * d) / tp  # the projections' weights, read and their gradients written
-        return Work(3 * count * self._attn_flops(inputs) / tp, mm * u / 3 * (1 + 2 / tp) + weights, other * u / 5 * (1 + 4 / tp),
-                    ops * count, views * count, tp_lin, QUERY_TP_TENSORS if tp > 1 else 0, size=self.unit() * inputs)
+        weights = (
+            count * WEIGHT_PASSES * 4 * (4 * d * d) / tp
+        )  # the projections' weights, read and their gradients written
+        return Work(
+            3 * count * self._attn_flops(inputs) / tp,
+            mm * u / 3 * (1 + 2 / tp) + weights,
+            other * u / 5 * (1 + 4 / tp),
+            ops * count,
+            views * count,
+            tp_lin,
+            QUERY_TP_TENSORS if tp > 1 else 0,
+            size=self.unit() * inputs,
+        )
 
     def block_work(self, tp: int = 1) -> Work:
         (mm_r, mm_s), (o_r, o_s), ops, views = BLOCK
@@ -194,16 +226,32 @@ class Workload:
         d = self.embed_dim
         h = self.mlp_ratio * d
         weights = WEIGHT_PASSES * 4 * (4 * d * d + 2 * d * h) / tp
-        return Work(3 * self.block_flops() / tp, (mm_r + mm_s / tp) * u + weights, (o_r + o_s / tp) * u, ops, views,
-                    BLOCK_TP_LINEARS if tp > 1 else 0, BLOCK_TP_TENSORS if tp > 1 else 0, size=self.mlp_ratio * u / tp)
+        return Work(
+            3 * self.block_flops() / tp,
+            (mm_r + mm_s / tp) * u + weights,
+            (o_r + o_s / tp) * u,
+            ops,
+            views,
+            BLOCK_TP_LINEARS if tp > 1 else 0,
+            BLOCK_TP_TENSORS if tp > 1 else 0,
+            size=self.mlp_ratio * u / tp,
+        )
 
     def head_work(self) -> Work:
         mm, other, ops, views = HEAD
         return Work(3 * self.head_flops(), mm * self.unit(), other * self.unit(), ops, views, size=self.unit())
 
     def optimizer_work(self, params: float, tensors: float, dtensors: float = 0.0) -> Work:
-        return Work(0.0, 0.0, ADAM_BYTES_PER_PARAM * params, ADAM_OPS_PER_TENSOR * (tensors - dtensors), 0.0, 0.0, dtensors,
-                    size=4 * params / max(tensors, 1))
+        return Work(
+            0.0,
+            0.0,
+            ADAM_BYTES_PER_PARAM * params,
+            ADAM_OPS_PER_TENSOR * (tensors - dtensors),
+            0.0,
+            0.0,
+            dtensors,
+            size=4 * params / max(tensors, 1),
+        )
 
     def front_work(self, channels: int, aggregation: str, groups: int, tp: int = 1) -> list[Work]:
         """Tokenize ``channels`` channels and reduce them: baseline = one query over all of them
@@ -213,19 +261,28 @@ class Workload:
         parts = [self.tokenizer_work(channels, groups)]
         per_group = max(1, channels // groups)
         if aggregation == "linear":
-            return parts + [self.linear_work(channels, self.tree)] + [Work(ops=LINEAR[0][2], views=LINEAR[0][3])] * (groups - 1)
+            return (
+                parts
+                + [self.linear_work(channels, self.tree)]
+                + [Work(ops=LINEAR[0][2], views=LINEAR[0][3])] * (groups - 1)
+            )
         return parts + [self.query_work(per_group, 1, self.tree, count=groups)]
 
-    def step_work(self, channels: int, aggregation: str, groups: int, tp: int, final_inputs: int, params: float,
-                  fsdp: int = 1) -> list[Work]:
+    def step_work(
+        self, channels: int, aggregation: str, groups: int, tp: int, final_inputs: int, params: float, fsdp: int = 1
+    ) -> list[Work]:
         """One rank's step; ``fsdp``: the ranks FSDP shards the optimizer state over (its
         parameters are all DTensors then)."""
         parts = self.front_work(channels, aggregation, groups, tp)
         if aggregation != "baseline":
             parts.append(self.query_work(final_inputs, tp))
         parts += [self.block_work(tp)] * self.depth + [self.head_work()]
-        tensors = 3 + 2 + 2 + 4 + 1 + QUERY_TENSORS + BLOCK_TENSORS * self.depth  # tokenizer, lead, norm, head, pos, final, blocks
-        tensors += {"baseline": 0, "linear": 2 * groups * (2 if self.tree else 1), "cross": QUERY_TENSORS * groups}[aggregation]
+        tensors = (
+            3 + 2 + 2 + 4 + 1 + QUERY_TENSORS + BLOCK_TENSORS * self.depth
+        )  # tokenizer, lead, norm, head, pos, final, blocks
+        tensors += {"baseline": 0, "linear": 2 * groups * (2 if self.tree else 1), "cross": QUERY_TENSORS * groups}[
+            aggregation
+        ]
         dtensors = tensors if fsdp > 1 else (QUERY_TP_TENSORS + BLOCK_TP_TENSORS * self.depth) if tp > 1 else 0
         return parts + [self.optimizer_work(params / fsdp, tensors, dtensors)]
 
@@ -268,7 +325,7 @@ class Workload:
         return (inputs + tokens + aggregate) * channels * u
 
 
-# The paper's implementation (its artifact), from its own measurements (DCHAG.md section 4):
+# The paper's implementation (its artifact), from its own measurements (docs/method.md, what the paper measured):
 # tokenization of 1024 channels alone 50.14 GB, of 128 channels 8.13 GB (1.7B, B 2, L 2048,
 # bf16) -> 3.0 U per channel and a 2.13 GiB fixed overhead; its baseline aggregation adds
 # 8.23 GB for 1024 channels (0.51 U per channel); its -C partial aggregation holds 5.1 U per
@@ -278,8 +335,15 @@ class Workload:
 # fp32 moments — 8 — and, in forward and backward, the bf16 copy of the parameter and its bf16
 # gradient — 2 + 2. (16 counted the bf16 copies beside the fp32 master and moments but not the
 # fp32 gradient; it left the D-CHAG rows 15-20 % short, the more so the more parameters per GPU.)
-PAPER = {"token_copies": 3.0, "input_copies": 0.0, "cross_copies": 5.1, "baseline_cross_copies": 0.51, "cross_replicated": 5.1,
-         "runtime_overhead": 2.13 * 2**30, "state_bytes": 20.0}
+PAPER = {
+    "token_copies": 3.0,
+    "input_copies": 0.0,
+    "cross_copies": 5.1,
+    "baseline_cross_copies": 0.51,
+    "cross_replicated": 5.1,
+    "runtime_overhead": 2.13 * 2**30,
+    "state_bytes": 20.0,
+}
 
 
 @dataclass
@@ -301,93 +365,150 @@ class Prediction:
         return self.compute_s + self.comm_s
 
 
-def predict(w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, strategy: str, rate: Compute | float,
-            tp: int | None = None) -> Prediction:
-    """One strategy's per-GPU step on ``gpus`` GPUs; ``rate``: the processor's measured rates
-    (hardware.Compute) or only a sustained FLOP/s per GPU."""
-    g = gpus_per_node
-    t = tp or min(g, gpus)
-    c = w.channels
-    u = w.unit()
-    grad_bytes = 4.0  # fp32 gradient reduction (DDP / FSDP reduce_dtype)
+GRAD_BYTES = 4.0  # fp32 gradient reduction (DDP / FSDP reduce_dtype)
 
-    def dp_allreduce(params: float, n: int, per_node: int, bytes_per: float = grad_bytes) -> tuple[float, float]:
-        size = params * bytes_per
-        buckets = max(1, int(-(-size // w.bucket_bytes)))
-        intra, inter = hwm.all_reduce(size, n, hw, per_node)
-        # every bucket pays the per-message latency again
-        extra = (buckets - 1) * 2 * (n - 1) * hw.alpha if n > 1 else 0.0
-        return intra + (extra if inter == 0 else 0.0), inter + (extra if inter else 0.0)
 
-    if strategy in ("dp", "fsdp-zero2", "fsdp-zero3", "compress-fp16", "compress-int8-ef", "fixed-group", "rotation"):
-        agg, groups, front_channels = "baseline", 1, c
-        if strategy == "fixed-group":
-            agg, groups = "linear", w.fixed_groups
-        if strategy == "rotation":
-            agg, groups, front_channels = "linear", w.fixed_groups, max(1, int(round(c * w.rotation_fraction)))
+def _reduce_gradients(
+    w: Workload, hw: Hardware, params: float, n: int, per_node: int, bytes_per: float = GRAD_BYTES
+) -> tuple[float, float]:
+    """(intra, inter) seconds of a bucketed all-reduce of ``params`` gradients over ``n`` ranks."""
+    size = params * bytes_per
+    buckets = max(1, int(-(-size // w.bucket_bytes)))
+    intra, inter = hwm.all_reduce(size, n, hw, per_node)
+    # every bucket pays the per-message latency again
+    extra = (buckets - 1) * 2 * (n - 1) * hw.alpha if n > 1 else 0.0
+    return intra + (extra if inter == 0 else 0.0), inter + (extra if inter else 0.0)
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """Data parallelism: every GPU steps the whole model on its share of the batch and the
+    gradients are reduced over all GPUs — by all-reduce, compressed (``fp16``, ``int8_ef``:
+    8-bit gathered, with its error-feedback residual), or sharded with FSDP (``zero2``: weights
+    gathered once, ``zero3``: for forward and backward). ``grouped``: the model aggregates fixed
+    channel groups (linear); ``rotation``: only a fraction of them per step."""
+
+    name: str
+    reduction: str = "allreduce"
+    grouped: bool = False
+    rotation: bool = False
+
+    def predict(self, w: Workload, hw: Hardware, gpus: int, g: int, t: int, rate) -> Prediction:
+        c = w.channels
+        agg, groups, front_channels = ("linear", w.fixed_groups, c) if self.grouped else ("baseline", 1, c)
+        active = groups
+        if self.rotation:
+            front_channels = max(1, int(round(c * w.rotation_fraction)))
+            active = max(1, int(round(groups * w.rotation_fraction)))
         params = w.params(agg, groups)
-        active = groups if strategy != "rotation" else max(1, int(round(groups * w.rotation_fraction)))
-        work = w.step_work(front_channels, agg, active, 1, active, params, fsdp=gpus if strategy.startswith("fsdp") else 1)
+        fsdp = gpus if self.reduction in ("zero2", "zero3") else 1
+        work = w.step_work(front_channels, agg, active, 1, active, params, fsdp=fsdp)
         # rotation: the idle groups' tokenizer gradients are zero and not reduced
-        reduced = params - (w.front_params(c, agg, groups) - w.front_params(front_channels, agg, groups)) if strategy == "rotation" else params
+        reduced = params - (w.front_params(c, agg, groups) - w.front_params(front_channels, agg, groups))
         act = w.front_activations(front_channels, agg, groups) + w.backbone_activations(1)
         state = params * w.state_bytes
-        note = ""
-        if strategy == "rotation":
-            note = f"trains {w.rotation_fraction:.0%} of the channel groups per step"
-        if strategy == "fsdp-zero2":
-            rs = hwm.all_gather(params * grad_bytes, gpus, hw, g)
+        note = f"trains {w.rotation_fraction:.0%} of the channel groups per step" if self.rotation else ""
+        if self.reduction in ("zero2", "zero3"):
+            rs = hwm.all_gather(params * GRAD_BYTES, gpus, hw, g)
             ag = hwm.all_gather(params * 2, gpus, hw, g)
-            intra, inter = rs[0] + ag[0], rs[1] + ag[1]
-            state = params * (4 + 12 / gpus)  # bf16 weights + grads whole, fp32 master and moments sharded
-        elif strategy == "fsdp-zero3":
-            rs = hwm.all_gather(params * grad_bytes, gpus, hw, g)
-            ag = hwm.all_gather(params * 2, gpus, hw, g)
-            intra, inter = rs[0] + 2 * ag[0], rs[1] + 2 * ag[1]  # weights gathered for forward and backward
-            state = params * w.state_bytes / gpus + 2 * w.backbone_params() / w.depth * 2  # + one block whole
-        elif strategy == "compress-fp16":
-            intra, inter = dp_allreduce(reduced, gpus, g, 2.0)
-        elif strategy == "compress-int8-ef":
+            gathers = 1 if self.reduction == "zero2" else 2  # zero3: weights gathered for forward and backward
+            intra, inter = rs[0] + gathers * ag[0], rs[1] + gathers * ag[1]
+            if self.reduction == "zero2":
+                state = params * (4 + 12 / gpus)  # bf16 weights + grads whole, fp32 master and moments sharded
+            else:
+                state = params * w.state_bytes / gpus + 2 * w.backbone_params() / w.depth * 2  # + one block whole
+        elif self.reduction == "fp16":
+            intra, inter = _reduce_gradients(w, hw, reduced, gpus, g, 2.0)
+        elif self.reduction == "int8_ef":
             # int8 values cannot be summed in 8 bits: every rank's quantised gradient is gathered
-            size = reduced * 1.0
-            intra, inter = hwm.all_gather(size * gpus, gpus, hw, g)
+            intra, inter = hwm.all_gather(reduced * 1.0 * gpus, gpus, hw, g)
             act += reduced * 4  # the error-feedback residual, fp32
             note = "quantised gradients all-gathered (sum in 8 bit overflows)"
         else:
-            intra, inter = dp_allreduce(reduced, gpus, g)
-        return Prediction(strategy, 1, compute_seconds(work, rate), intra, inter, state + act + w.runtime_overhead, note)
+            intra, inter = _reduce_gradients(w, hw, reduced, gpus, g)
+        return Prediction(
+            self.name, 1, compute_seconds(work, rate), intra, inter, state + act + w.runtime_overhead, note
+        )
 
-    if strategy in ("tp", "dchag-l", "dchag-c"):
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """Tensor parallelism in groups of T GPUs (data parallelism across the groups): the ViT
+    and the final aggregation split by heads; ``distributed``: D-CHAG — each rank tokenizes
+    and partially aggregates its channel group, one AllGather of the group tokens."""
+
+    name: str
+    aggregation: str
+    distributed: bool
+
+    def predict(self, w: Workload, hw: Hardware, gpus: int, g: int, t: int, rate) -> Prediction:
         if gpus % t:
             raise ConfigError(f"{gpus} GPUs do not divide into tensor-parallel groups of {t}")
+        u = w.unit()
         replicas = gpus // t
-        agg = {"tp": "baseline", "dchag-l": "linear", "dchag-c": "cross"}[strategy]
-        held = c if strategy == "tp" else -(-c // t)
+        agg = self.aggregation
+        held = -(-w.channels // t) if self.distributed else w.channels
         params = w.backbone_params() / t + w.front_params(held, agg, 1) + w.head_params()
         work = w.step_work(held, agg, 1, t, t, params)
         # per block: two all-reduces of (B, L, D) forward, two backward; the final aggregation: one each
         ar = hwm.all_reduce(u, t, hw, g)
         intra = (4 * w.depth + 2) * ar[0]
         inter = (4 * w.depth + 2) * ar[1]
-        if strategy != "tp":
+        act = w.front_activations(held, agg, 1, t) + w.backbone_activations(t)
+        if self.distributed:
             ag = hwm.all_gather(t * u, t, hw, g)  # the one AllGather of the group tokens
             gr = hwm.all_reduce(t * u, t, hw, g)  # its input gradient in backward
             intra += ag[0] + gr[0]
             inter += ag[1] + gr[1]
-        if replicas > 1:  # data parallelism across TP groups: one rank per group and node slot
-            per_node = max(1, g // t)
-            dpi, dpe = dp_allreduce(params, replicas, per_node)
-            intra, inter = intra + dpi, inter + dpe
-        act = w.front_activations(held, agg, 1, t) + w.backbone_activations(t)
-        if strategy != "tp":
             act += 2 * t * u  # the gathered group tokens and their gradient
-        return Prediction(strategy, t, compute_seconds(work, rate), intra, inter,
-                          params * w.state_bytes + act + w.runtime_overhead)
-    raise ConfigError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        if replicas > 1:  # data parallelism across TP groups: one rank per group and node slot
+            dpi, dpe = _reduce_gradients(w, hw, params, replicas, max(1, g // t))
+            intra, inter = intra + dpi, inter + dpe
+        return Prediction(
+            self.name, t, compute_seconds(work, rate), intra, inter, params * w.state_bytes + act + w.runtime_overhead
+        )
 
 
-def article_ratio(gradient_bytes: float, compute_s: float, hw: Hardware, gpus: int, gpus_per_node: int,
-                  delta_alpha: float) -> dict:
+def _tensor_parallel(variant: str) -> TensorParallel:
+    v = VARIANTS[variant]
+    return TensorParallel(v.cost_model, v.aggregation, v.strategy == "dchag")
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        Replicated("dp"),
+        Replicated("fsdp-zero2", "zero2"),
+        Replicated("fsdp-zero3", "zero3"),
+        Replicated("compress-fp16", "fp16"),
+        Replicated("compress-int8-ef", "int8_ef"),
+        *(_tensor_parallel(v) for v in MODEL_VARIANTS),
+        Replicated("fixed-group", grouped=True),
+        Replicated("rotation", grouped=True, rotation=True),
+    )
+}
+STRATEGIES = tuple(MODELS)
+
+
+def predict(
+    w: Workload,
+    hw: Hardware,
+    gpus: int,
+    gpus_per_node: int,
+    strategy: str,
+    rate: Compute | float,
+    tp: int | None = None,
+) -> Prediction:
+    """One strategy's per-GPU step on ``gpus`` GPUs; ``rate``: the processor's measured rates
+    (hardware.Compute) or only a sustained FLOP/s per GPU."""
+    if strategy not in MODELS:
+        raise ConfigError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    return MODELS[strategy].predict(w, hw, gpus, gpus_per_node, tp or min(gpus_per_node, gpus), rate)
+
+
+def article_ratio(
+    gradient_bytes: float, compute_s: float, hw: Hardware, gpus: int, gpus_per_node: int, delta_alpha: float
+) -> dict:
     """The seed article's benefit ratio of a hierarchical (cross-node-reducing) all-reduce against
     a flat ring: R = (T_comm_base - T_comm_new) / T_comp, with T_comm_new paying Δα extra."""
     flat_hw = Hardware(hw.alpha, hw.intra_bw, hw.inter_bw, gpus_per_node)
@@ -396,5 +517,12 @@ def article_ratio(gradient_bytes: float, compute_s: float, hw: Hardware, gpus: i
     new = intra + inter + delta_alpha
     nodes = -(-gpus // gpus_per_node)
     k = (1 / gpus_per_node) if nodes > 1 else 0.0
-    return {"gpus": gpus, "gpus_per_node": gpus_per_node, "inter_bw": hw.inter_bw, "t_comm_base_s": base, "t_comm_new_s": new,
-            "k_cross_node_bytes_left": k, "R": (base - new) / compute_s}
+    return {
+        "gpus": gpus,
+        "gpus_per_node": gpus_per_node,
+        "inter_bw": hw.inter_bw,
+        "t_comm_base_s": base,
+        "t_comm_new_s": new,
+        "k_cross_node_bytes_left": k,
+        "R": (base - new) / compute_s,
+    }

@@ -60,11 +60,17 @@ class Compute:
         return pts[-1][1]
 
     @classmethod
-    def from_measured(cls, measured: dict) -> "Compute | None":
+    def from_measured(cls, measured: dict) -> Compute | None:
         c = measured.get("compute") or {}
         if "flops_per_s" not in c:
             return None
-        return cls(**{k: (float(c[k]) if k != "mem_curve" else [list(map(float, p)) for p in c[k]]) for k in cls.FIELDS if k in c})
+        return cls(
+            **{
+                k: (float(c[k]) if k != "mem_curve" else [list(map(float, p)) for p in c[k]])
+                for k in cls.FIELDS
+                if k in c
+            }
+        )
 
 
 @dataclass
@@ -76,15 +82,20 @@ class Hardware:
     measured: dict = field(default_factory=dict)  # what calibrate saw (sizes, times, compute)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Hardware":
+    def from_yaml(cls, path: str | Path) -> Hardware:
         if not Path(path).exists():
             raise InputError(f"hardware profile not found: {path} (write one with `dchag calibrate --output {path}`)")
         d = yaml.safe_load(Path(path).read_text()) or {}
         missing = [k for k in ("alpha", "intra_bw", "inter_bw") if k not in d]
         if missing:
             raise InputError(f"hardware profile {path} lacks key(s) {', '.join(missing)}")
-        return cls(float(d["alpha"]), float(d["intra_bw"]), float(d["inter_bw"]), int(d.get("gpus_per_node", 1)),
-                   d.get("measured", {}))
+        return cls(
+            float(d["alpha"]),
+            float(d["intra_bw"]),
+            float(d["inter_bw"]),
+            int(d.get("gpus_per_node", 1)),
+            d.get("measured", {}),
+        )
 
     def to_yaml(self, path: str | Path) -> Path:
         with atomic_path(path) as tmp:

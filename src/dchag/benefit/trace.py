@@ -9,20 +9,45 @@ prediction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-VIEWS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "detach", "slice", "select",
-         "alias", "_reshape_alias", "as_strided", "split", "unbind", "split_with_sizes"}
-MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
-           "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_efficient_attention",
-           "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention",
-           "_scaled_dot_product_flash_attention_backward"}
+VIEWS = {
+    "view",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "detach",
+    "slice",
+    "select",
+    "alias",
+    "_reshape_alias",
+    "as_strided",
+    "split",
+    "unbind",
+    "split_with_sizes",
+}
+MATMULS = {
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+}
 
 
 @dataclass
@@ -46,7 +71,9 @@ class _Counter(TorchDispatchMode):
         if name in VIEWS:
             c.views += 1
             return out
-        nbytes = sum(t.numel() * t.element_size() for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        nbytes = sum(
+            t.numel() * t.element_size() for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)
+        )
         if name in MATMULS:
             c.mm_bytes += nbytes
         else:
@@ -61,14 +88,17 @@ def _cpu_attention_flops() -> dict:
     from torch.utils import flop_counter as fc
 
     aten = torch.ops.aten
+
     def forward(q, k, v, *args, out_shape=None, **kwargs):
         return fc.sdpa_flop_count(q, k, v)
 
     def backward(grad_out, q, k, v, *args, out_shape=None, **kwargs):
         return fc.sdpa_backward_flop_count(grad_out, q, k, v)
 
-    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
 
 
 def count(fn: Callable[[], object]) -> Counts:

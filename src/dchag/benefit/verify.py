@@ -23,20 +23,20 @@ from ..store import InputError, atomic_path
 STEP_GAIN = 0.05
 
 
-def _read(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def read_logs(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     for name in ("log.csv", "ranks.csv"):
         if not (run_dir / name).exists():
             raise InputError(f"training log not found: {run_dir / name}")
     return pd.read_csv(run_dir / "log.csv"), pd.read_csv(run_dir / "ranks.csv")
 
 
-def _repeat_base(name: str) -> str:
+def repeat_base(name: str) -> str:
     """verify-dp-r2 -> verify-dp (config verify.repeats)."""
     return re.sub(r"-r\d+$", "", name)
 
 
 def _one_run(name: str, d: Path, warmup: int) -> dict:
-    log, ranks = _read(Path(d))
+    log, ranks = read_logs(Path(d))
     ranks_timed = ranks.dropna(subset=["t_forward"])  # the step whose memory was tracked (CPU) has no timings
     timed = ranks_timed[ranks_timed.step > warmup] if (ranks_timed.step > warmup).any() else ranks_timed
     slowest = timed.groupby("step")[["t_data", "t_forward", "t_backward", "t_optimizer", "t_comm"]].max()
@@ -45,13 +45,22 @@ def _one_run(name: str, d: Path, warmup: int) -> dict:
     slowest = slowest.median()
     val = log.dropna(subset=["val_loss"])
     return {
-        "run": _repeat_base(name), "steps": int(log.step.max()), "step_s": step_s, "data_s": slowest.t_data, "forward_s": slowest.t_forward,
-        "backward_s": slowest.t_backward, "comm_s": slowest.t_comm, "optimizer_s": slowest.t_optimizer,
-        "peak_mem_mib_max_rank": float(ranks.peak_mem_mib.max()), "final_val_loss": float(val.val_loss.iloc[-1]) if len(val) else np.nan,
+        "run": repeat_base(name),
+        "steps": int(log.step.max()),
+        "step_s": step_s,
+        "data_s": slowest.t_data,
+        "forward_s": slowest.t_forward,
+        "backward_s": slowest.t_backward,
+        "comm_s": slowest.t_comm,
+        "optimizer_s": slowest.t_optimizer,
+        "peak_mem_mib_max_rank": float(ranks.peak_mem_mib.max()),
+        "final_val_loss": float(val.val_loss.iloc[-1]) if len(val) else np.nan,
     }
 
 
-def summarize(run_dirs: dict[str, Path], reference: str = "verify-dp", warmup: int = 5, tolerance: float = 0.05) -> pd.DataFrame:
+def summarize(
+    run_dirs: dict[str, Path], reference: str = "verify-dp", warmup: int = 5, tolerance: float = 0.05
+) -> pd.DataFrame:
     """One row per method. With repeats (runs named <method>-r<i>, trained alike), times are
     the median over repeats and ``step_s_min`` / ``step_s_max`` their range; a verdict whose
     step-time change crosses the 5 % line within that range is reported as inconclusive."""
@@ -73,10 +82,19 @@ def summarize(run_dirs: dict[str, Path], reference: str = "verify-dp", warmup: i
     faster = df.step_time_change < -STEP_GAIN
     accurate = df.val_loss_change <= tolerance
     noisy = (df.repeats > 1) & (best < -STEP_GAIN) & (worst >= -STEP_GAIN)
-    df["verdict"] = np.where(df.run == reference, "reference",
-                             np.where(~accurate, f"no: validation loss {tolerance:.0%}+ worse",
-                                      np.where(noisy, f"inconclusive: the step-time change crosses -{STEP_GAIN:.0%} over the repeats",
-                                               np.where(faster, "adopt", f"no: step time not {STEP_GAIN:.0%} lower"))))
+    df["verdict"] = np.where(
+        df.run == reference,
+        "reference",
+        np.where(
+            ~accurate,
+            f"no: validation loss {tolerance:.0%}+ worse",
+            np.where(
+                noisy,
+                f"inconclusive: the step-time change crosses -{STEP_GAIN:.0%} over the repeats",
+                np.where(faster, "adopt", f"no: step time not {STEP_GAIN:.0%} lower"),
+            ),
+        ),
+    )
     return df
 
 
@@ -84,41 +102,3 @@ def write(df: pd.DataFrame, output: str | Path) -> Path:
     with atomic_path(output) as tmp:
         df.to_csv(tmp, index=False, float_format="%.6g")
     return Path(output)
-
-
-def figure(run_dirs: dict[str, Path], df: pd.DataFrame, output: str | Path) -> Path:
-    from ..figures import _save, plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    names = list(df.run)
-    x = np.arange(len(names))
-    bottom = np.zeros(len(names))
-    for part, colour in (("data_s", "#8c8c8c"), ("forward_s", "#4c72b0"), ("backward_s", "#dd8452"), ("optimizer_s", "#55a868")):
-        vals = df[part].to_numpy() * 1e3
-        axes[0].bar(x, vals, bottom=bottom, color=colour, label=part.removesuffix("_s"))
-        bottom += vals
-    axes[0].plot(x, df.comm_s.to_numpy() * 1e3, "k_", ms=30, mew=2, label="in collectives (part of the above)")
-    if (df.repeats > 1).any():
-        step = df.step_s.to_numpy() * 1e3
-        axes[0].errorbar(x, step, yerr=[step - df.step_s_min.to_numpy() * 1e3, df.step_s_max.to_numpy() * 1e3 - step],
-                         fmt="none", ecolor="k", capsize=4, label="step time over the repeats (median, range)")
-    axes[0].set(xticks=x, ylabel="ms per step (slowest rank)", title="step time")
-    axes[0].set_xticklabels([n.removeprefix("verify-") for n in names], rotation=20)
-    axes[0].legend(fontsize=7)
-    axes[1].bar(x, df.peak_mem_mib_max_rank, color=[f"C{i}" for i in range(len(names))])
-    axes[1].set(xticks=x, ylabel="MiB", title="peak memory, most loaded rank")
-    axes[1].set_xticklabels([n.removeprefix("verify-") for n in names], rotation=20)
-    first = {}
-    for name, d in run_dirs.items():  # repeats train alike: one validation curve per method
-        first.setdefault(_repeat_base(name), d)
-    for i, (name, verdict) in enumerate(zip(df.run, df.verdict)):
-        log, _ = _read(Path(first[name]))
-        val = log.dropna(subset=["val_loss"])
-        ref = verdict == "reference"  # dashed and on top: methods that train alike would hide it
-        axes[2].plot(val.step, val.val_loss, "o--" if ref else "o-", color=f"C{i}", zorder=3 if ref else 2,
-                     label=f"{name.removeprefix('verify-')}: {verdict}")
-    axes[2].set(xlabel="step", ylabel="validation loss", title="validation")
-    axes[2].legend(fontsize=7)
-    fig.suptitle("Verification experiment: does a lighter alternative pay off here?")
-    fig.tight_layout()
-    return _save(fig, output)

@@ -118,7 +118,7 @@ def _fields(lat, lon, times, levels, lsm, rng):
     out["t2m"] = t_surface - 2.0
     out["u10"] = 0.6 * (u[:, bottom] * np.cos(turn) - v[:, bottom] * np.sin(turn))
     out["v10"] = 0.6 * (u[:, bottom] * np.sin(turn) + v[:, bottom] * np.cos(turn))
-    for name, arr in out.items():
+    for arr in out.values():
         arr += 0.01 * np.std(arr) * rng.standard_normal(arr.shape)
     np.clip(out["q"], 0.0, None, out=out["q"])
     return out
@@ -127,7 +127,14 @@ def _fields(lat, lon, times, levels, lsm, rng):
 def _packed(values: np.ndarray) -> dict:
     lo, hi = float(np.min(values)), float(np.max(values))
     scale = (hi - lo) / 65000.0 or 1.0
-    return {"dtype": "int16", "scale_factor": scale, "add_offset": (hi + lo) / 2, "_FillValue": np.int16(-32767), "zlib": True, "complevel": 1}
+    return {
+        "dtype": "int16",
+        "scale_factor": scale,
+        "add_offset": (hi + lo) / 2,
+        "_FillValue": np.int16(-32767),
+        "zlib": True,
+        "complevel": 1,
+    }
 
 
 def _attrs(var_short: str) -> dict:
@@ -146,10 +153,20 @@ def write_year(
         times = times[times < pd.Timestamp(f"{year}-01-01") + pd.Timedelta(days=days)]
     rng = np.random.default_rng(year)
     fields = _fields(lat, lon, times, levels, lsm, rng)
-    coords = {"latitude": ("latitude", lat, {"units": "degrees_north"}), "longitude": ("longitude", lon, {"units": "degrees_east"})}
+    coords = {
+        "latitude": ("latitude", lat, {"units": "degrees_north"}),
+        "longitude": ("longitude", lon, {"units": "degrees_east"}),
+    }
     pl = xr.Dataset(
-        {n: (("valid_time", "pressure_level", "latitude", "longitude"), fields[n], _attrs(n)) for n in ("z", "t", "u", "v", "q")},
-        coords={**coords, "valid_time": times, "pressure_level": ("pressure_level", np.asarray(levels, float), {"units": "hPa"})},
+        {
+            n: (("valid_time", "pressure_level", "latitude", "longitude"), fields[n], _attrs(n))
+            for n in ("z", "t", "u", "v", "q")
+        },
+        coords={
+            **coords,
+            "valid_time": times,
+            "pressure_level": ("pressure_level", np.asarray(levels, float), {"units": "hPa"}),
+        },
         attrs={"Conventions": "CF-1.7", "source": SYNTHETIC_NOTE, "synthetic": 1},
     )
     sl = xr.Dataset(
@@ -171,8 +188,16 @@ def write_constants(outdir: Path, resolution: float) -> Path:
     lsm, orography = land_sea(lat, lon)
     ds = xr.Dataset(
         {
-            "lsm": (("valid_time", "latitude", "longitude"), lsm[None], {"long_name": "Land-sea mask", "units": "(0 - 1)"}),
-            "z": (("valid_time", "latitude", "longitude"), orography[None], {"long_name": "Geopotential", "units": "m**2 s**-2"}),
+            "lsm": (
+                ("valid_time", "latitude", "longitude"),
+                lsm[None],
+                {"long_name": "Land-sea mask", "units": "(0 - 1)"},
+            ),
+            "z": (
+                ("valid_time", "latitude", "longitude"),
+                orography[None],
+                {"long_name": "Geopotential", "units": "m**2 s**-2"},
+            ),
         },
         coords={"valid_time": [pd.Timestamp("1940-01-01")], "latitude": lat, "longitude": lon},
         attrs={"source": SYNTHETIC_NOTE, "synthetic": 1},
@@ -181,3 +206,19 @@ def write_constants(outdir: Path, resolution: float) -> Path:
     with atomic_path(target) as tmp:
         ds.to_netcdf(tmp, engine="netcdf4")
     return target
+
+
+def write_inputs(era5: dict, outdir: str | Path, year: int | None = None, constants_only: bool = False) -> list[Path]:
+    """The demo inputs of a config's ``era5`` section: every year's files and the constants
+    file, or only ``year``'s files, or only the constants."""
+    outdir = Path(outdir)
+    years = (
+        [] if constants_only else [year] if year is not None else sorted({y for s in era5["years"].values() for y in s})
+    )
+    levels = era5["channels"]["pressure_level"]["levels"] if "pressure_level" in era5["channels"] else []
+    written = []
+    for y in years:
+        written += write_year(outdir, y, era5["demo_grid"], levels, era5["time_step_hours"], days=era5["demo_days"])
+    if year is None:
+        written.append(write_constants(outdir, era5["demo_grid"]))
+    return written

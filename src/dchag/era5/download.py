@@ -63,7 +63,9 @@ def download_arco(era5: dict, year: int, output: str | Path, store: str | None =
         try:
             ds = xr.open_zarr(store, chunks=None, storage_options={"token": "anon"}, consolidated=None)
         except Exception as err:
-            raise Era5InputError(f"cannot open ARCO-ERA5 store {store}: {err} (network access and gcsfs are needed)") from err
+            raise Era5InputError(
+                f"cannot open ARCO-ERA5 store {store}: {err} (network access and gcsfs are needed)"
+            ) from err
     else:
         ds = open_any(store, "ARCO-ERA5-layout store")
     out = select_year(ds, era5, year, store)
@@ -91,7 +93,9 @@ def cds_requests(era5: dict, year: int) -> list[tuple[str, dict]]:
     requests = []
     if pl_vars:
         levels = sorted({c.level for c in channels if c.level is not None})
-        requests.append((CDS_PRESSURE_LEVELS, {**base, "variable": pl_vars, "pressure_level": [str(lv) for lv in levels]}))
+        requests.append(
+            (CDS_PRESSURE_LEVELS, {**base, "variable": pl_vars, "pressure_level": [str(lv) for lv in levels]})
+        )
     if sl_vars:
         requests.append((CDS_SINGLE_LEVELS, {**base, "variable": sl_vars}))
     return requests
@@ -112,7 +116,10 @@ def download_cds(era5: dict, year: int, output: str | Path) -> Path:
             client.retrieve(dataset, request, str(part))
             parts.append(open_any(str(part), f"CDS download {dataset}"))
         merged = xr.merge(parts, compat="override")
-        merged.attrs = {"source": "Copernicus Climate Data Store", **provenance.as_attrs(provenance.record({"era5": era5, "year": year}))}
+        merged.attrs = {
+            "source": "Copernicus Climate Data Store",
+            **provenance.as_attrs(provenance.record({"era5": era5, "year": year})),
+        }
         with atomic_path(output) as tmp:
             merged.drop_encoding().to_netcdf(tmp)
         for ds in parts:

@@ -3,9 +3,9 @@ average (per-class) accuracy, Cohen's kappa, the per-class table and the confusi
 
 from __future__ import annotations
 
-from ..store import InputError
-
 import numpy as np
+
+from ..store import InputError
 
 
 def confusion_matrix(truth, pred, num_classes: int) -> np.ndarray:
@@ -33,8 +33,13 @@ def scores(truth, pred, class_names: list[str]) -> dict:
     pe = float((support * cm.sum(axis=0)).sum()) / n**2
     kappa = (oa - pe) / (1 - pe) if pe < 1 else float("nan")
     per_class = [
-        {"class": i + 1, "name": name, "support": int(support[i]), "accuracy": float(recall[i]),
-         "precision": float(precision[i])}
+        {
+            "class": i + 1,
+            "name": name,
+            "support": int(support[i]),
+            "accuracy": float(recall[i]),
+            "precision": float(precision[i]),
+        }
         for i, name in enumerate(class_names)
     ]
     return {

@@ -25,8 +25,9 @@ def _scores(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def percent_change(baseline: str | Path, candidate: str | Path, baseline_name: str = "baseline",
-                   candidate_name: str = "dchag") -> pd.DataFrame:
+def percent_change(
+    baseline: str | Path, candidate: str | Path, baseline_name: str = "baseline", candidate_name: str = "dchag"
+) -> pd.DataFrame:
     """100 * (candidate - baseline) / |baseline| for every (variable, lead, metric, convention)
     scored in both files. For RMSE and MSE lower is better, for ACC higher."""
     b, c = _scores(baseline), _scores(candidate)
@@ -39,12 +40,14 @@ def percent_change(baseline: str | Path, candidate: str | Path, baseline_name: s
     out[baseline_name] = merged["value_b"]
     out[candidate_name] = merged["value_c"]
     out["percent_change"] = pct
-    out["better"] = np.where(merged["metric"] == "acc", merged["value_c"] > merged["value_b"], merged["value_c"] < merged["value_b"])
+    out["better"] = np.where(
+        merged["metric"] == "acc", merged["value_c"] > merged["value_b"], merged["value_c"] < merged["value_b"]
+    )
     return out.sort_values(["convention", "metric", "variable", "lead_time_hours"]).reset_index(drop=True)
 
 
 def hsi_table(files: list[str]) -> pd.DataFrame:
-    """run, task, region, metric, value from `dchag evaluate-mae` / `evaluate-classify` JSON."""
+    """run, task, region, metric, value from `dchag evaluate-mae` / `evaluate-classification` JSON."""
     rows = []
     for path in files:
         if not Path(path).exists():
@@ -56,7 +59,15 @@ def hsi_table(files: list[str]) -> pd.DataFrame:
                     rows.append({"run": d["run"], "task": "mae", "region": region, "metric": k, "value": d[region][k]})
         elif "overall_accuracy" in d:
             for k in ("overall_accuracy", "average_accuracy", "kappa"):
-                rows.append({"run": d["run"], "task": "classify", "region": d.get("split", "test"), "metric": k, "value": d[k]})
+                rows.append(
+                    {
+                        "run": d["run"],
+                        "task": "classification",
+                        "region": d.get("split", "test"),
+                        "metric": k,
+                        "value": d[k],
+                    }
+                )
         else:
             raise InputError(f"{path} is neither a reconstruction nor a classification score file")
     return pd.DataFrame(rows, columns=["run", "task", "region", "metric", "value"])

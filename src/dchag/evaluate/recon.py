@@ -67,8 +67,10 @@ def _pixel_mask(mask, t: np.ndarray) -> np.ndarray:
 def ssim_maps(t: np.ndarray, p: np.ndarray, data_range: float) -> np.ndarray:
     """SSIM map of every 2-D image in (..., rows, cols)."""
     if min(t.shape[-2:]) < WIN:
-        raise ReconError(f"SSIM with a Gaussian window of sigma {SIGMA} needs images of at least {WIN}x{WIN} pixels, "
-                         f"got {t.shape[-2]}x{t.shape[-1]}")
+        raise ReconError(
+            f"SSIM with a Gaussian window of sigma {SIGMA} needs images of at least {WIN}x{WIN} pixels, "
+            f"got {t.shape[-2]}x{t.shape[-1]}"
+        )
     sigma = (0,) * (t.ndim - 2) + (SIGMA, SIGMA)
 
     def f(x):
@@ -97,8 +99,8 @@ def scores(truth, pred, band_axis: int = -1, data_range: float | None = None, ma
     count_b = mb.sum(axis=band_axes)
     mse_b = np.where(mb, sq, 0).sum(axis=band_axes) / count_b
     mean_b = np.where(mb, t, 0).sum(axis=band_axes) / count_b
-    with np.errstate(divide="ignore"):
-        psnr = float(10 * np.log10(data_range**2 / mse_total))
+    with np.errstate(divide="ignore"):  # a perfect reconstruction: PSNR is infinite (scikit-image's too)
+        psnr = float(10 * np.log10(np.float64(data_range) ** 2 / np.float64(mse_total)))
         psnr_b = 10 * np.log10(data_range**2 / mse_b)
     # SSIM: the map per (image, band), cropped, averaged over the scored pixels.
     pad = (WIN - 1) // 2
@@ -113,9 +115,17 @@ def scores(truth, pred, band_axis: int = -1, data_range: float | None = None, ma
     sam = float(np.arccos(cos).mean()) if cos.size else float("nan")
     with np.errstate(divide="ignore", invalid="ignore"):
         ergas = float(100.0 * np.sqrt(np.mean(mse_b / mean_b**2)))
-    return {"rmse": float(np.sqrt(mse_total)), "psnr": psnr, "psnr_band_mean": float(np.mean(psnr_b)), "ssim": ssim,
-            "sam": sam, "ergas": ergas, "data_range": float(data_range), "bands": int(bands),
-            "sam_pixels_left_out": int((m[..., 0, :, :] & ~(norms > 0)).sum())}
+    return {
+        "rmse": float(np.sqrt(mse_total)),
+        "psnr": psnr,
+        "psnr_band_mean": float(np.mean(psnr_b)),
+        "ssim": ssim,
+        "sam": sam,
+        "ergas": ergas,
+        "data_range": float(data_range),
+        "bands": int(bands),
+        "sam_pixels_left_out": int((m[..., 0, :, :] & ~(norms > 0)).sum()),
+    }
 
 
 def score_files(truth: str, pred: str, band_axis: int = -1, data_range: float | None = None) -> dict:
@@ -128,7 +138,13 @@ def score_files(truth: str, pred: str, band_axis: int = -1, data_range: float | 
         except (ValueError, OSError) as err:
             raise ReconError(f"cannot read {what} {path} as a .npy array: {err}") from err
     out = scores(arrays[0], arrays[1], band_axis, data_range)
-    return {**out, "truth": str(truth), "reconstruction": str(pred), "band_axis": band_axis, "shape": list(arrays[0].shape)}
+    return {
+        **out,
+        "truth": str(truth),
+        "reconstruction": str(pred),
+        "band_axis": band_axis,
+        "shape": list(arrays[0].shape),
+    }
 
 
 def write_json(data: dict, output: str | Path) -> Path:

@@ -20,9 +20,15 @@ poles, normalised to mean 1), right on any grid; under ``climax`` ClimaX's cos(l
 mean(cos(lat)). They are equal on the pole-free, equally spaced WeatherBench grids.
 
 The MSE is the same under both: the mean over times of the weighted spatial MSE.
+
+The metrics are small objects, as WeatherBench 2's ``metrics.py`` has them, and each
+convention is a table of them (:data:`SCORING`): `dchag score` looks a metric up by name and
+never branches on the convention; a new metric is one class and one table entry.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -87,7 +93,9 @@ def acc_wb2(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.nda
         return float(np.mean(num / den))
 
 
-def acc_climax(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.ndarray, batch_size: int | None = None) -> float:
+def acc_climax(
+    forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.ndarray, batch_size: int | None = None
+) -> float:
     """ClimaX's pooled ACC: per batch, anomalies centred by the batch's own mean, one weighted
     correlation; batches averaged by size. ``clim`` broadcasts against (time, lat, lon)."""
     fa = np.asarray(forecast, np.float64) - clim
@@ -96,9 +104,118 @@ def acc_climax(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.
     size = n if not batch_size else int(batch_size)
     values, counts = [], []
     for start in range(0, n, size):
-        f = fa[start:start + size]
-        t = ta[start:start + size]
+        f = fa[start : start + size]
+        t = ta[start : start + size]
         f, t = f - f.mean(), t - t.mean()
         values.append(np.sum(w * f * t) / np.sqrt(np.sum(w * f**2) * np.sum(w * t**2)))
         counts.append(f.shape[0])
     return float(np.average(values, weights=counts))
+
+
+# -- the metrics as objects, and the conventions as tables of them --------------------------------
+@dataclass(frozen=True)
+class Fields:
+    """What a metric scores: one variable at one lead, (time, lat, lon) in physical units, the
+    latitude weights, and the climatology (at each valid time, or one field for every time)
+    where the metric needs one."""
+
+    forecast: np.ndarray
+    truth: np.ndarray
+    weights: np.ndarray
+    climatology: np.ndarray | None = None
+    batch_size: int | None = None
+
+
+class Metric:
+    """A score of :class:`Fields`; ``needs_climatology`` says whether it reads one."""
+
+    name = ""
+    needs_climatology = False
+
+    def __call__(self, f: Fields) -> float:
+        raise NotImplementedError
+
+
+class MSE(Metric):
+    """The mean over times of the weighted spatial MSE (WB2's ``MSE``)."""
+
+    name = "mse"
+
+    def __call__(self, f: Fields) -> float:
+        return mse(f.forecast, f.truth, f.weights)
+
+
+class RMSE(Metric):
+    """The square root of the MSE averaged over time (WB2's recommended RMSE: its ``MSE``,
+    then the root)."""
+
+    name = "rmse"
+
+    def __call__(self, f: Fields) -> float:
+        return rmse(f.forecast, f.truth, f.weights, "wb2")
+
+
+class RMSESqrtBeforeTimeAvg(Metric):
+    """The root per time, then the mean (WB2's ``RMSESqrtBeforeTimeAvg``; ClimaX's RMSE)."""
+
+    name = "rmse"
+
+    def __call__(self, f: Fields) -> float:
+        return rmse(f.forecast, f.truth, f.weights, "climax")
+
+
+class ACC(Metric):
+    """WB2's ``ACC``: uncentred anomaly correlation per time against the climatology at each
+    valid time, averaged over time."""
+
+    name = "acc"
+    needs_climatology = True
+
+    def __call__(self, f: Fields) -> float:
+        return acc_wb2(f.forecast, f.truth, f.climatology, f.weights)
+
+
+class PooledACC(Metric):
+    """ClimaX's ``lat_weighted_acc``: batch-centred anomalies pooled per batch."""
+
+    name = "acc"
+    needs_climatology = True
+
+    def __call__(self, f: Fields) -> float:
+        return acc_climax(f.forecast, f.truth, f.climatology, f.weights, f.batch_size)
+
+
+@dataclass(frozen=True)
+class Convention:
+    """A scoring convention: its latitude weights, its metrics by name, and where its
+    climatology comes from (``day_of_year``: a climatology file at each valid time;
+    ``period_mean``: the truth's mean over the scored period unless a file is given)."""
+
+    name: str
+    climatology: str
+    metrics: dict[str, Metric] = field(default_factory=dict)
+
+    def weights(self, lat: np.ndarray) -> np.ndarray:
+        return lat_weights(lat, self.name)
+
+    def select(self, names: list[str] | None) -> list[Metric]:
+        names = list(names or self.metrics)
+        bad = [m for m in names if m not in self.metrics]
+        if bad:
+            raise WeatherScoreError(f"metric(s) {bad}: expected some of {', '.join(self.metrics)}")
+        return [self.metrics[m] for m in names]
+
+
+SCORING: dict[str, Convention] = {
+    c.name: c
+    for c in (
+        Convention("wb2", "day_of_year", {m.name: m for m in (RMSE(), MSE(), ACC())}),
+        Convention("climax", "period_mean", {m.name: m for m in (RMSESqrtBeforeTimeAvg(), MSE(), PooledACC())}),
+    )
+}
+
+
+def convention(name: str) -> Convention:
+    if name not in SCORING:
+        raise WeatherScoreError(f"convention {name!r}: expected one of {', '.join(SCORING)}")
+    return SCORING[name]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from ..errors import DchagError
 
 
@@ -29,20 +30,24 @@ SENSORS = Path(__file__).parent / "sensors"
 
 def _indian_pines_centres() -> tuple[np.ndarray, str]:
     rows = np.loadtxt(SENSORS / "aviris_indian_pines_1992.txt")
-    return rows[:, 0], ("AVIRIS band centres of the 1992 Indian Pines flight (92AV3C.spc, MultiSpec / "
-                        "Purdue, as shipped with Spectral Python)")
+    return rows[:, 0], (
+        "AVIRIS band centres of the 1992 Indian Pines flight (92AV3C.spc, MultiSpec / "
+        "Purdue, as shipped with Spectral Python)"
+    )
 
 
 def _salinas_centres() -> tuple[np.ndarray, str]:
     return np.linspace(400.0, 2500.0, 224), (
         "nominal AVIRIS sampling: 224 bands evenly over 400-2500 nm (the instrument's specification; "
-        "Salinas' .mat files carry no per-band calibration)")
+        "Salinas' .mat files carry no per-band calibration)"
+    )
 
 
 def _pavia_centres() -> tuple[np.ndarray, str]:
     return np.linspace(430.0, 860.0, 103), (
         "nominal ROSIS-03 range: 103 bands evenly over 430-860 nm (the distributed file keeps 103 of "
-        "the sensor's 115 bands and names neither which nor their centres)")
+        "the sensor's 115 bands and names neither which nor their centres)"
+    )
 
 
 @dataclass(frozen=True)
@@ -58,19 +63,31 @@ class Preset:
         """1-based sensor band numbers the preset keeps."""
         keep = np.ones(self.bands, bool)
         for lo, hi in self.drop_1based:
-            keep[lo - 1:hi] = False
+            keep[lo - 1 : hi] = False
         return np.flatnonzero(keep) + 1
 
 
 PRESETS = {
-    "indian_pines": Preset(220, ((104, 108), (150, 163), (220, 220)), expected=200,
-                           note="AVIRIS Indian Pines: water-absorption bands 104-108, 150-163, 220",
-                           centres=_indian_pines_centres),
-    "salinas": Preset(224, ((108, 112), (154, 167), (224, 224)), expected=204,
-                      note="AVIRIS Salinas: water-absorption bands 108-112, 154-167, 224", centres=_salinas_centres),
-    "pavia_university": Preset(103, (), expected=103, note="ROSIS Pavia University: 103 bands as distributed",
-                               centres=_pavia_centres),
-    "vnir_400_900": Preset(None, keep_nm=(400.0, 900.0), note="400-900 nm imagers: drop the noisy band edges outside 400-900 nm"),
+    "indian_pines": Preset(
+        220,
+        ((104, 108), (150, 163), (220, 220)),
+        expected=200,
+        note="AVIRIS Indian Pines: water-absorption bands 104-108, 150-163, 220",
+        centres=_indian_pines_centres,
+    ),
+    "salinas": Preset(
+        224,
+        ((108, 112), (154, 167), (224, 224)),
+        expected=204,
+        note="AVIRIS Salinas: water-absorption bands 108-112, 154-167, 224",
+        centres=_salinas_centres,
+    ),
+    "pavia_university": Preset(
+        103, (), expected=103, note="ROSIS Pavia University: 103 bands as distributed", centres=_pavia_centres
+    ),
+    "vnir_400_900": Preset(
+        None, keep_nm=(400.0, 900.0), note="400-900 nm imagers: drop the noisy band edges outside 400-900 nm"
+    ),
 }
 
 
@@ -91,7 +108,9 @@ def parse_band_spec(spec: str, num_bands: int) -> list[int]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
         if not m:
-            raise BandError(f"band list {spec!r}: cannot read {part!r}; expected 1-based numbers or ranges like 104-108")
+            raise BandError(
+                f"band list {spec!r}: cannot read {part!r}; expected 1-based numbers or ranges like 104-108"
+            )
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if lo < 1 or hi > num_bands or lo > hi:
             raise BandError(f"band list {spec!r}: {part} is outside the image's bands 1..{num_bands}")
@@ -107,15 +126,18 @@ def select_bands(
     drop_bands: str | None = None,
     drop_wavelengths: list[list[float]] | None = None,
     source: str = "image",
+    bbl_source: str = "ENVI bbl",
+    wavelength_source: str = "the file's header",
 ) -> BandSelection:
     """The bands to keep, their sensor numbers and wavelengths, and how they were chosen.
 
-    Precedence: an ENVI ``bbl`` wins over a preset (it describes this very file); explicit
-    ``drop_bands`` (1-based, the file's numbering) / ``drop_wavelengths`` are applied on top of
-    either. A file that already lacks the preset's water-absorption bands (its band count is
-    the published count after removal, e.g. ``Indian_pines_corrected.mat``) keeps every band,
-    numbered as the sensor numbers them. Wavelengths come from the file where it has them,
-    else from the preset's sensor.
+    Precedence: a bad-band list (an ENVI ``bbl``, a product's bad or unused bands; named by
+    ``bbl_source``) wins over a preset's band list (it describes this very file), while a
+    preset's wavelength window applies to either; explicit ``drop_bands`` (1-based, the file's
+    numbering) / ``drop_wavelengths`` are applied on top. A file that already lacks the
+    preset's water-absorption bands (its band count is the published count after removal,
+    e.g. ``Indian_pines_corrected.mat``) keeps every band, numbered as the sensor numbers them.
+    Wavelengths come from the file where it has them, else from the preset's sensor.
     """
     keep = np.ones(num_bands, bool)
     sensor = np.arange(1, num_bands + 1)  # the file's band i is sensor band sensor[i]
@@ -126,29 +148,35 @@ def select_bands(
             raise BandError(f"unknown band preset {preset!r}; expected one of {', '.join(sorted(PRESETS))}")
         p = PRESETS[preset]
         if p.bands is not None and num_bands not in (p.bands, p.expected):
-            raise BandError(f"{source}: preset {preset!r} is for {p.bands} bands (the sensor's) or {p.expected} "
-                            f"(water-absorption bands removed); the image has {num_bands}")
+            raise BandError(
+                f"{source}: preset {preset!r} is for {p.bands} bands (the sensor's) or {p.expected} "
+                f"(water-absorption bands removed); the image has {num_bands}"
+            )
     corrected = p is not None and p.bands is not None and num_bands == p.expected and p.expected != p.bands
     if corrected:
         sensor = p.kept_sensor_bands()
     if bbl is not None:
         bbl = np.asarray(bbl).astype(float)
         if bbl.size != num_bands:
-            raise BandError(f"{source}: the header's bbl has {bbl.size} entries for {num_bands} bands")
+            raise BandError(f"{source}: the bad-band list ({bbl_source}) has {bbl.size} entries for {num_bands} bands")
         keep &= bbl > 0
-        how.append(f"ENVI bbl ({int((bbl <= 0).sum())} bad bands)")
-    elif p is not None:
+        how.append(f"{bbl_source} ({int((bbl <= 0).sum())} bad bands)")
+    if p is not None and bbl is None:
         if corrected:
-            how.append(f"preset {preset}: the file already has the water-absorption bands removed "
-                       f"({num_bands} of the sensor's {p.bands}); kept all, numbered as the sensor's bands")
+            how.append(
+                f"preset {preset}: the file already has the water-absorption bands removed "
+                f"({num_bands} of the sensor's {p.bands}); kept all, numbered as the sensor's bands"
+            )
         else:
             for lo, hi in p.drop_1based:
-                keep[lo - 1:hi] = False
+                keep[lo - 1 : hi] = False
             how.append(f"preset {preset}: {p.note}")
-        if p.keep_nm is not None:
-            if wavelengths is None:
-                raise BandError(f"{source}: preset {preset!r} selects by wavelength, but the image has no wavelengths")
-            keep &= (wavelengths >= p.keep_nm[0]) & (wavelengths <= p.keep_nm[1])
+    if p is not None and p.keep_nm is not None:
+        if wavelengths is None:
+            raise BandError(f"{source}: preset {preset!r} selects by wavelength, but the image has no wavelengths")
+        keep &= (wavelengths >= p.keep_nm[0]) & (wavelengths <= p.keep_nm[1])
+        if bbl is not None:
+            how.append(f"preset {preset}: {p.note}")
     if drop_bands:
         keep[parse_band_spec(drop_bands, num_bands)] = False
         how.append(f"dropped bands {drop_bands} (1-based)")
@@ -162,9 +190,11 @@ def select_bands(
         raise BandError(f"{source}: the band selection ({'; '.join(how)}) removes every band")
     if p is not None and bbl is None and not drop_bands and not drop_wavelengths:
         if p.expected is not None and indices.size != p.expected:
-            raise BandError(f"{source}: preset {preset!r} kept {indices.size} bands, the published count is {p.expected}")
+            raise BandError(
+                f"{source}: preset {preset!r} kept {indices.size} bands, the published count is {p.expected}"
+            )
     if wavelengths is not None:
-        wl, wl_source = np.asarray(wavelengths, float)[indices], "the file's header"
+        wl, wl_source = np.asarray(wavelengths, float)[indices], wavelength_source
     elif p is not None and p.centres is not None:
         centres, wl_source = p.centres()
         wl = centres[sensor[indices] - 1]

@@ -1,10 +1,14 @@
-"""Hyperspectral readers: ENVI (.hdr + data, via Spectral Python, lazy) and MATLAB .mat
-(v5 through scipy, v7.3/HDF5 through h5py), images as (rows, cols, bands)."""
+"""Hyperspectral readers, images as (rows, cols, bands): ENVI (.hdr + data, via Spectral
+Python, lazy), MATLAB .mat (v5 through scipy, v7.3/HDF5 through h5py), and the products of
+today's missions (``products``: EnMAP L2A GeoTIFF, PRISMA L2 HDF5, EMIT L2A netCDF). Each
+reader says which raw value marks a missing pixel; :meth:`HyperspectralImage.read_masked`
+returns the cube in physical units with those pixels flagged (and zeroed, so no fill value is
+ever normalised into a huge number)."""
 
 from __future__ import annotations
 
-import glob
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +18,16 @@ from ..store import InputError
 
 log = logging.getLogger(__name__)
 
+# What a file name ends with -> which reader; anything else is an ENVI data file or header.
+MAT = (".mat",)
+GEOTIFF = (".tif", ".tiff")
+HDF5 = (".he5", ".h5", ".hdf5")
+NETCDF = (".nc", ".nc4")
+KNOWN = (
+    "ENVI (.hdr + data), MATLAB .mat, GeoTIFF (.tif: EnMAP L2A or any), PRISMA L2 HDF5 (.he5), EMIT L2A netCDF (.nc)"
+)
+INTERLEAVES = ("bsq", "bil", "bip")
+
 
 class HsiInputError(InputError):
     pass
@@ -21,45 +35,104 @@ class HsiInputError(InputError):
 
 @dataclass
 class HyperspectralImage:
+    """One image: its size, band metadata and how to read bands of it.
+
+    ``nodata`` is the raw value that marks a missing pixel (a pixel is missing when any read
+    band holds it); ``zero_is_missing`` marks one whose read bands are all 0 (PRISMA's outside-
+    the-scene fill). ``scale``/``offset`` (per band) turn raw values into physical ones.
+    ``meta`` is recorded in the stores (product, value units, georeference)."""
+
     path: str
     shape: tuple[int, int, int]  # rows, cols, bands
     wavelengths: np.ndarray | None = None  # nm
-    bbl: np.ndarray | None = None
-    _envi: object = field(default=None, repr=False)
-    _array: np.ndarray | None = field(default=None, repr=False)
+    bbl: np.ndarray | None = None  # 1 = good band, 0 = bad
+    fwhm: np.ndarray | None = None  # nm
+    nodata: float | None = None
+    zero_is_missing: bool = False
+    scale: np.ndarray | None = None
+    offset: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+    _raw: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+
+    def read_masked(self, bands: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(float32 (rows, cols, len(bands)) physical values, missing (rows, cols) bool).
+        Missing pixels hold 0 in every band."""
+        bands = np.asarray(bands, dtype=np.int64)
+        try:
+            raw = self._raw(bands)
+        except HsiInputError:
+            raise
+        except Exception as err:
+            raise HsiInputError(f"cannot read bands of {self.path}: {type(err).__name__}: {err}") from err
+        missing = np.zeros(raw.shape[:2], bool)
+        if self.nodata is not None:
+            hit = np.isnan(raw) if np.isnan(self.nodata) else raw == self.nodata
+            missing |= hit.any(axis=2)
+        if self.zero_is_missing:
+            missing |= (raw == 0).all(axis=2)
+        cube = raw.astype(np.float32)
+        if self.scale is not None:
+            cube *= self.scale[bands].astype(np.float32)
+        if self.offset is not None:
+            cube += self.offset[bands].astype(np.float32)
+        cube[missing] = 0
+        return cube, missing
 
     def read(self, bands: np.ndarray) -> np.ndarray:
-        """float32 (rows, cols, len(bands)); an ENVI image reads only those bands."""
-        if self._envi is not None:
-            try:
-                out = self._envi.read_bands([int(b) for b in bands])
-            except Exception as err:
-                raise HsiInputError(f"cannot read bands of {self.path}: {type(err).__name__}: {err}") from err
-            return np.asarray(out, dtype=np.float32)
-        return np.asarray(self._array[:, :, bands], dtype=np.float32)
+        """float32 (rows, cols, len(bands)) in physical units; an ENVI image reads only those bands."""
+        return self.read_masked(bands)[0]
 
 
-def _to_nm(values, units: str | None) -> np.ndarray:
+def to_nm(values, units: str | None) -> np.ndarray:
+    """Wavelengths in nm from values in ``units`` (micrometres when the units say so, or when
+    none are given and every value is below 30)."""
     wl = np.asarray(values, dtype=np.float64)
     units = (units or "").lower()
-    if units.startswith(("micro", "um", "µm")) or (not units and wl.max() < 30):
+    if units.startswith(("micro", "um", "µm")) or (not units and wl.size and wl.max() < 30):
         wl = wl * 1000.0
     return wl
+
+
+def check_band_list(values, name: str, bands: int, source: str) -> np.ndarray | None:
+    """``values`` as a float array of one entry per band, or an error naming ``source``."""
+    if values is None:
+        return None
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    if arr.size != bands:
+        raise HsiInputError(f"{source}: {arr.size} {name} values for {bands} bands; expected one per band")
+    return arr
+
+
+# -- ENVI --------------------------------------------------------------------------------------
+def envi_header(path: str | Path) -> Path | None:
+    """The ENVI header of ``path`` (itself, ``x.hdr`` beside ``x.img``, or ``x.img.hdr``), if any."""
+    p = Path(path)
+    if p.suffix.lower() == ".hdr":
+        return p if p.exists() else None
+    for cand in (p.with_suffix(".hdr"), Path(str(p) + ".hdr")):
+        if cand.exists():
+            return cand
+    return None
 
 
 def read_envi(path: str) -> HyperspectralImage:
     import spectral.io.envi as envi
 
-    hdr = Path(path)
-    if hdr.suffix.lower() != ".hdr":
-        hdr = hdr.with_suffix(".hdr") if hdr.with_suffix(".hdr").exists() else Path(str(path) + ".hdr")
-    if not hdr.exists():
-        raise HsiInputError(f"ENVI header not found for {path}")
+    hdr = envi_header(path)
+    if hdr is None:
+        raise HsiInputError(f"{path}: not a recognised image ({KNOWN}), and no ENVI header beside it")
     try:
         img = envi.open(str(hdr))
     except Exception as err:
         raise HsiInputError(f"cannot open ENVI image {hdr}: {type(err).__name__}: {err}") from err
     meta = img.metadata
+    # Spectral Python reads an unknown interleave as bsq without a word: the cube would be
+    # silently scrambled.
+    interleave = str(meta.get("interleave", "bsq")).strip().lower()
+    if interleave not in INTERLEAVES:
+        raise HsiInputError(
+            f"ENVI header {hdr}: interleave = {meta.get('interleave')!r}; expected one of {', '.join(INTERLEAVES)}"
+        )
     rows, cols, bands = img.shape
     expected = rows * cols * bands * np.dtype(img.dtype).itemsize + int(meta.get("header offset", 0))
     actual = Path(img.filename).stat().st_size
@@ -68,14 +141,43 @@ def read_envi(path: str) -> HyperspectralImage:
             f"ENVI header {hdr} and data {img.filename} disagree: the header describes {rows}x{cols}x{bands} "
             f"{np.dtype(img.dtype).name} ({expected} bytes), the data file has {actual} bytes"
         )
-    wl = _to_nm(meta["wavelength"], meta.get("wavelength units")) if "wavelength" in meta else None
-    bbl = np.asarray(meta["bbl"], dtype=float) if "bbl" in meta else None
-    return HyperspectralImage(str(hdr), (rows, cols, bands), wl, bbl, _envi=img)
+    source = f"ENVI header {hdr}"
+    wl = check_band_list(meta.get("wavelength"), "wavelength", bands, source)
+    wl = to_nm(wl, meta.get("wavelength units")) if wl is not None else None
+    fwhm = check_band_list(meta.get("fwhm"), "fwhm", bands, source)
+    fwhm = to_nm(fwhm, meta.get("wavelength units")) if fwhm is not None else None
+    bbl = check_band_list(meta.get("bbl"), "bbl", bands, source)
+    nodata = None
+    if "data ignore value" in meta:
+        try:
+            nodata = float(meta["data ignore value"])
+        except (TypeError, ValueError):
+            raise HsiInputError(
+                f"{source}: data ignore value = {meta['data ignore value']!r}; expected a number"
+            ) from None
+
+    def raw(b: np.ndarray) -> np.ndarray:
+        return np.asarray(img.read_bands([int(i) for i in b]))
+
+    return HyperspectralImage(
+        str(hdr),
+        (rows, cols, bands),
+        wl,
+        bbl,
+        fwhm,
+        nodata=nodata,
+        meta={"product": "ENVI", "interleave": interleave},
+        _raw=raw,
+    )
 
 
+# -- MATLAB ------------------------------------------------------------------------------------
 def _load_mat(path: str) -> dict:
     import scipy.io
 
+    size = Path(path).stat().st_size
+    if size == 0:
+        raise HsiInputError(f"MATLAB file {path} is empty (0 bytes); download it again")
     try:
         return {k: v for k, v in scipy.io.loadmat(path).items() if not k.startswith("__")}
     except NotImplementedError:  # MATLAB v7.3 is HDF5
@@ -87,10 +189,11 @@ def _load_mat(path: str) -> dict:
                 return {k: np.asarray(f[k]).T for k in f.keys() if isinstance(f[k], h5py.Dataset)}
         except OSError as err:
             raise HsiInputError(f"MATLAB v7.3 file {path} is truncated or corrupt ({err}); download it again") from err
-    except (ValueError, OSError, IndexError, TypeError) as err:
-        size = Path(path).stat().st_size
-        raise HsiInputError(f"MATLAB file {path} ({size} bytes) is truncated or corrupt: scipy.io.loadmat failed "
-                            f"({type(err).__name__}: {err}); download it again") from err
+    except (ValueError, OSError, IndexError, TypeError, scipy.io.matlab.MatReadError) as err:
+        raise HsiInputError(
+            f"MATLAB file {path} ({size} bytes) is truncated or corrupt: scipy.io.loadmat failed "
+            f"({type(err).__name__}: {err}); download it again"
+        ) from err
 
 
 def _mat_array(path: str, key: str | None, ndim: int) -> np.ndarray:
@@ -99,7 +202,13 @@ def _mat_array(path: str, key: str | None, ndim: int) -> np.ndarray:
     variable gives it whatever its name, and the log says which."""
     if not Path(path).exists():
         raise HsiInputError(f"file not found: {path}")
-    arrays = {k: v for k, v in _load_mat(path).items() if isinstance(v, np.ndarray) and v.ndim == ndim and v.dtype.kind in "uif"}
+    variables = _load_mat(path)
+    what = "image (rows x cols x bands)" if ndim == 3 else "label map (rows x cols)"
+    if not variables:
+        raise HsiInputError(f"MATLAB file {path} holds no variable; expected a {ndim}-D numeric {what}")
+    arrays = {
+        k: v for k, v in variables.items() if isinstance(v, np.ndarray) and v.ndim == ndim and v.dtype.kind in "uif"
+    }
     if key is not None and key in arrays:
         return arrays[key]
     if len(arrays) == 1:
@@ -107,41 +216,89 @@ def _mat_array(path: str, key: str | None, ndim: int) -> np.ndarray:
         if key is not None:
             log.warning("%s has no variable %r; using its only %d-D variable %r", path, key, ndim, name)
         return array
+    if not arrays:
+        raise HsiInputError(
+            f"MATLAB file {path} holds no {ndim}-D numeric variable (a {what}); its variables are {sorted(variables)}"
+        )
     wanted = f"no {ndim}-D variable {key!r}" if key is not None else f"{len(arrays)} {ndim}-D variables"
-    raise HsiInputError(f"{path} has {wanted}; its {ndim}-D variables are {sorted(arrays)}"
-                        + ("" if key is not None else "; name one (key)"))
+    raise HsiInputError(
+        f"{path} has {wanted}; its {ndim}-D variables are {sorted(arrays)}"
+        + ("" if key is not None else "; name one (key)")
+    )
 
 
 def read_mat(path: str, key: str | None = None) -> HyperspectralImage:
     cube = _mat_array(path, key, 3)
-    return HyperspectralImage(path, tuple(cube.shape), _array=cube)
+    return HyperspectralImage(
+        path, tuple(cube.shape), meta={"product": "MATLAB .mat"}, _raw=lambda b: np.asarray(cube[:, :, b])
+    )
 
 
-def read_image(path: str, key: str | None = None) -> HyperspectralImage:
-    if str(path).lower().endswith(".mat"):
-        return read_mat(path, key)
-    return read_envi(path)
+# -- dispatch ----------------------------------------------------------------------------------
+def kind(path: str | Path) -> str:
+    """Which reader a path takes: mat, geotiff, prisma, emit or envi (by its ending)."""
+    name = str(path).lower()
+    for k, ends in (("mat", MAT), ("geotiff", GEOTIFF), ("prisma", HDF5), ("emit", NETCDF)):
+        if name.endswith(ends):
+            return k
+    return "envi"
 
 
-def read_labels(path: str, key: str | None = None) -> np.ndarray:
-    """(rows, cols) integer label map, 0 = unlabelled: a .mat ground truth or an ENVI image."""
-    if str(path).lower().endswith(".mat"):
-        labels = _mat_array(path, key, 2)
+def read_image(
+    path: str, key: str | None = None, detector_overlap: str | None = None, nodata: float | None = None
+) -> HyperspectralImage:
+    """The image at ``path``, by its kind. ``key``: the variable of a .mat file;
+    ``detector_overlap``: which detector a PRISMA product keeps where VNIR and SWIR overlap;
+    ``nodata``: the raw missing-pixel value to use where the file declares none (or another)."""
+    from . import products
+
+    k = kind(path)
+    if k != "envi" and not Path(path).exists():  # an ENVI image may be named by its header's stem
+        raise HsiInputError(f"image file not found: {path}")
+    if k == "mat":
+        img = read_mat(path, key)
+    elif k == "geotiff":
+        img = products.read_geotiff(path)
+    elif k == "prisma":
+        if detector_overlap is None:
+            raise ValueError("read_image: a PRISMA product needs detector_overlap (hsi.detector_overlap)")
+        img = products.read_prisma(path, detector_overlap)
+    elif k == "emit":
+        img = products.read_emit(path)
     else:
         img = read_envi(path)
-        labels = img.read(np.arange(img.shape[2]))[:, :, 0]
-    return np.asarray(labels).astype(np.int64)
+    if nodata is not None:
+        if img.nodata is not None and img.nodata != nodata and not (np.isnan(img.nodata) and np.isnan(nodata)):
+            log.warning("%s declares nodata %s; using hsi.nodata %s instead", img.path, img.nodata, nodata)
+        img.nodata = float(nodata)
+    if img.nodata is not None:
+        img.meta["nodata"] = img.nodata
+    return img
 
 
-def expand_images(patterns: list[str]) -> list[str]:
-    """Paths and glob patterns -> sorted existing paths (a collection of many images)."""
-    out = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if any(ch in pattern for ch in "*?[") else [pattern]
-        if not matches:
-            raise HsiInputError(f"no image matches {pattern!r}")
-        out += matches
-    missing = [p for p in out if not Path(p).exists()]
-    if missing:
-        raise HsiInputError(f"image file(s) not found: {', '.join(missing)}")
-    return out
+@dataclass
+class LabelMap:
+    """A ground-truth raster as stored: values not yet checked, the file's own nodata value
+    (GeoTIFF nodata, ENVI data ignore value) and georeference where it has them."""
+
+    path: str
+    values: np.ndarray  # (rows, cols), the file's dtype
+    nodata: float | None = None
+    georeference: dict | None = None
+
+
+def read_labels(path: str, key: str | None = None) -> LabelMap:
+    """(rows, cols) label raster, 0 = unlabelled: a .mat ground truth, a GeoTIFF or an ENVI image."""
+    from . import products
+
+    if not Path(path).exists():
+        raise HsiInputError(f"label file not found: {path}")
+    k = kind(path)
+    if k == "mat":
+        return LabelMap(path, np.asarray(_mat_array(path, key, 2)))
+    if k == "geotiff":
+        return products.read_geotiff_labels(path)
+    if k in ("prisma", "emit"):
+        raise HsiInputError(f"label file {path}: expected a .mat, GeoTIFF or ENVI label map, not a {k} product")
+    img = read_envi(path)
+    return LabelMap(img.path, np.asarray(img._raw(np.array([0])))[:, :, 0], img.nodata)

@@ -125,7 +125,9 @@ class KeyValueProjection(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):  # keep what autocast's linear keeps
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(
+            device
+        ):  # keep what autocast's linear keeps
             x = x.to(torch.get_autocast_dtype(device))
         y = F.linear(x, self.weight.detach(), self.bias)  # saves no x: no weight gradient here
         return _WeightGradientFirst.apply(y, x, self.weight)

@@ -15,37 +15,41 @@ aggregator on tensor-parallel rank r and sets ``group_gather`` to one AllGather.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
 
+from ..vocabulary import Aggregation, Task
 from .layers import Block, ChannelTokenizer, ModelError, PartialAggregator, QueryAggregator, sincos_2d
 
-AGGREGATIONS = ("baseline", "linear", "cross")
-TASKS = ("forecast", "mae", "classify")
+AGGREGATIONS = tuple(Aggregation)
+TASKS = tuple(Task)
 
 
 @dataclass
 class ModelConfig:
+    """The model's shape. The settings come from the config's ``model`` section (built by
+    ``dchag.model.build.model_config``: no defaults here), the sizes from the data."""
+
     in_channels: int
-    img_size: tuple[int, int] = (32, 64)
-    patch_size: int = 4
-    embed_dim: int = 128
-    depth: int = 4
-    num_heads: int = 4
-    mlp_ratio: float = 4.0
-    aggregation: str = "baseline"  # baseline | linear (D-CHAG-L) | cross (D-CHAG-C)
-    groups: int = 1  # channel groups of the hierarchical aggregation (= TP size under D-CHAG)
-    tree: int = 0  # TreeK inside each group; 0 = flat
-    task: str = "forecast"
-    out_channels: list[int] = field(default_factory=list)  # forecast: predicted channel indices
-    num_classes: int = 0
-    decoder_dim: int = 64
-    decoder_depth: int = 2
-    decoder_heads: int = 4
-    wavelengths: list[float] | None = None
+    img_size: tuple[int, int]
+    patch_size: int
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_ratio: float
+    aggregation: str  # dchag.vocabulary.Aggregation
+    groups: int  # channel groups of the hierarchical aggregation (= TP size under D-CHAG)
+    tree: int  # TreeK inside each group; 0 = flat
+    task: str  # dchag.vocabulary.Task
+    decoder_dim: int
+    decoder_depth: int
+    decoder_heads: int
+    out_channels: list[int] = field(default_factory=list)  # forecast: predicted channel indices (empty: all)
+    num_classes: int = 0  # classification
+    wavelengths: list[float] | None = None  # band centres (nm), embedded by wavelength when given
 
     def __post_init__(self):
         self.img_size = tuple(self.img_size)
@@ -60,7 +64,7 @@ class ModelConfig:
             raise ModelError(f"model.groups {self.groups} must be between 1 and the {self.in_channels} input channels")
         if self.task == "forecast" and not self.out_channels:
             self.out_channels = list(range(self.in_channels))
-        if self.task == "classify" and self.num_classes < 2:
+        if self.task == "classification" and self.num_classes < 2:
             raise ModelError("a classification model needs num_classes >= 2")
         if self.wavelengths is not None and len(self.wavelengths) != self.in_channels:
             raise ModelError(f"{len(self.wavelengths)} wavelengths for {self.in_channels} channels")
@@ -97,7 +101,10 @@ class ChannelViT(nn.Module):
         else:
             self.groups = channel_groups(cfg.in_channels, cfg.groups)
             self.partial = nn.ModuleDict(
-                {str(g): PartialAggregator(cfg.aggregation, hi - lo, d, cfg.num_heads, cfg.tree) for g, (lo, hi) in enumerate(self.groups)}
+                {
+                    str(g): PartialAggregator(cfg.aggregation, hi - lo, d, cfg.num_heads, cfg.tree)
+                    for g, (lo, hi) in enumerate(self.groups)
+                }
             )
         self.final = QueryAggregator(d, cfg.num_heads)
         # Groups this module holds, as (key, start, stop) in the channels it is given; all of
@@ -118,7 +125,9 @@ class ChannelViT(nn.Module):
             self.mask_token = nn.Parameter(torch.zeros(1, 1, dd))
             nn.init.normal_(self.mask_token, std=0.02)
             self.decoder_pos_embed = nn.Parameter(sincos_2d(*cfg.grid, dd)[None], requires_grad=False)
-            self.decoder_blocks = nn.ModuleList([Block(dd, cfg.decoder_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth)])
+            self.decoder_blocks = nn.ModuleList(
+                [Block(dd, cfg.decoder_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth)]
+            )
             self.decoder_norm = nn.LayerNorm(dd)
             self.head = nn.Linear(dd, cfg.in_channels * p2)
         else:
@@ -134,8 +143,14 @@ class ChannelViT(nn.Module):
             return self.final(self.tokenizer(x))
         # Each group is tokenized on its own: its tokens are contiguous for its aggregator, and
         # no full-size token tensor is sliced (whose gradient would be zero-filled per group).
-        parts = torch.stack([self.partial[key](self.tokenizer(x[:, lo:hi], slice(lo, hi))) for key, lo, hi in self.local_groups
-                             if active_groups is None or int(key) in active_groups], dim=1)
+        parts = torch.stack(
+            [
+                self.partial[key](self.tokenizer(x[:, lo:hi], slice(lo, hi)))
+                for key, lo, hi in self.local_groups
+                if active_groups is None or int(key) in active_groups
+            ],
+            dim=1,
+        )
         if self.group_gather is not None:
             parts = self.group_gather(parts)
         return self.final(parts)
@@ -154,15 +169,20 @@ class ChannelViT(nn.Module):
         return x.reshape(b, channels, gh * p, gw * p)
 
     # -- tasks ------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, lead_time_hours: torch.Tensor | None = None, ids_keep: torch.Tensor | None = None,
-                active_groups: list[int] | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        lead_time_hours: torch.Tensor | None = None,
+        ids_keep: torch.Tensor | None = None,
+        active_groups: list[int] | None = None,
+    ):
         tokens = self.aggregate(x, active_groups) + self.pos_embed
         if self.cfg.task == "forecast":
             if lead_time_hours is None:
                 raise ModelError("a forecasting model needs lead_time_hours")
             lead = self.lead_time_embed(lead_time_hours.to(tokens.dtype)[:, None] / 100.0)  # ClimaX scaling
             return self.unpatchify(self.head(self.encode(tokens + lead[:, None, :])), len(self.cfg.out_channels))
-        if self.cfg.task == "classify":
+        if self.cfg.task == "classification":
             return self.head(self.encode(tokens).mean(dim=1))
         return self._mae(tokens, ids_keep)
 
@@ -181,7 +201,9 @@ class ChannelViT(nn.Module):
         return self.unpatchify(self.head(self.decoder_norm(full)), self.cfg.in_channels)
 
 
-def random_masking(batch: int, num_patches: int, mask_ratio: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_masking(
+    batch: int, num_patches: int, mask_ratio: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids_keep (B, L_keep), mask (B, L) with 1 = masked), drawn from ``generator`` so every
     tensor-parallel rank draws the same mask."""
     keep = max(1, int(round(num_patches * (1 - mask_ratio))))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import time
@@ -27,22 +28,38 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..config import parallel_settings
 from ..model import ChannelViT, ModelConfig
+from ..model.build import model_config_of
 from ..parallel import ParallelDims, init_distributed, parallelize_model
 from ..parallel.dims import collective_device
 from ..parallel.parallelize import autocast, resolve_precision
-from ..train.memory import MIB, step_peak
+from ..train.memory import KINDS, MIB, step_peak
+from ..train.tasks import Task
+from ..vocabulary import VARIANTS
 from .sweep import FRONT_VARIANTS, Point
+
+log = logging.getLogger(__name__)
 
 OUTPUTS = 5  # forecast outputs of the synthetic head (the paper's z500, t850, t2m, u10, v10)
 
 
-def model_config(p: Point) -> ModelConfig:
-    aggregation = {"baseline": "baseline", "dchag-l": "linear", "dchag-c": "cross", "tokenize": "baseline",
-                   "tokenize+aggregate": "baseline", "dist-tokenize": "linear", "dist-tokenize+gather-all": "linear"}[p.variant]
-    return ModelConfig(in_channels=p.channels, img_size=p.image, patch_size=p.patch, embed_dim=p.width, depth=p.depth,
-                       num_heads=p.heads, aggregation=aggregation, groups=p.tp if aggregation != "baseline" else 1,
-                       tree=p.tree, task="forecast", out_channels=list(range(min(OUTPUTS, p.channels))))
+def point_model(p: Point) -> ModelConfig:
+    """The model a sweep point measures (its variant's aggregation; one channel group per TP
+    rank), through the one builder; what a point leaves unset is the schema's default."""
+    return model_config_of(
+        "forecast",
+        p.channels,
+        p.image,
+        tp=p.tp,
+        out_channels=list(range(min(OUTPUTS, p.channels))),
+        patch_size=p.patch,
+        embed_dim=p.width,
+        depth=p.depth,
+        num_heads=p.heads,
+        aggregation=str(VARIANTS[p.variant].aggregation),
+        tree=p.tree,
+    )
 
 
 def forward_flops(p: Point) -> float:
@@ -51,7 +68,7 @@ def forward_flops(p: Point) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):
-        model = ChannelViT(model_config(p))
+        model = ChannelViT(point_model(p))
         x = torch.empty(p.batch, p.channels, *p.image)
         lead = torch.empty(p.batch)
     with FlopCounterMode(display=False) as counter:
@@ -68,35 +85,83 @@ def _gather_all_tokens(tokens: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(all_gather(tokens.contiguous(), group=group), dim=1)
 
 
+class _SyntheticForecast(Task):
+    """The benchmark's task: MSE of the forecast of a fixed synthetic batch."""
+
+    name = "forecast"
+
+    def __init__(self, model_cfg: ModelConfig):
+        self.model_cfg = model_cfg
+
+    def loss(self, model, batch, step, seed, channel_group, active_groups=None):
+        x, lead, target = batch
+        return ((model(x, lead) - target).float() ** 2).mean(), {}
+
+
+def _training_step(model, core, opt, device, precision, tp_group, batch):
+    from ..config import schema_default
+    from ..train.step import TrainStep
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    fn = TrainStep(
+        model,
+        core,
+        _SyntheticForecast(core.cfg),
+        opt,
+        sched,
+        device=device,
+        precision=precision,
+        grad_clip=schema_default("train.grad_clip"),
+        tp_group=tp_group,
+        channel_group=None,
+        rotation=None,
+        seed=0,
+    )
+    counter = iter(range(10**9))
+    return lambda: fn(list(batch), next(counter))
+
+
 def measure(p: Point, steps: int, warmup: int) -> dict:
     """Measure point ``p`` in the initialised process group (world = tp x dp)."""
     device = collective_device()
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     if world != p.gpus:
         raise RuntimeError(f"point {p.name} needs {p.gpus} processes (tp x dp), {world} were started")
     precision = resolve_precision(p.precision, device)
     dims = ParallelDims(tp=p.tp, dp_mode="fsdp" if p.dp > 1 else "none", world_size=world)
     mesh = dims.build_mesh(device.type) if world > 1 else None
     torch.manual_seed(0)
-    model = ChannelViT(model_config(p))
+    model = ChannelViT(point_model(p))
     front_only = p.variant in FRONT_VARIANTS
     if front_only:  # the front end alone: no ViT, no head in memory
         model.blocks = nn.ModuleList()
     model = model.to(device)
     strategy = "dchag" if model.cfg.aggregation != "baseline" else "baseline"
-    model = parallelize_model(model, dims, mesh, strategy=strategy, activation_checkpointing=p.activation_checkpointing,
-                              param_dtype=torch.bfloat16 if precision == "bf16" and p.dp > 1 else None)
+    model = parallelize_model(
+        model,
+        dims,
+        mesh,
+        parallel_settings(strategy=strategy, activation_checkpointing=p.activation_checkpointing),
+        param_dtype=torch.bfloat16 if precision == "bf16" and p.dp > 1 else None,
+    )
     core = model
     ids = core.tokenizer.channel_ids.cpu()
     g = torch.Generator().manual_seed(1)
     dp_rank = mesh["dp"].get_local_rank() if mesh is not None else 0
     # drawn on the CPU (the same numbers on any device), then moved to the training device
-    x_all = torch.randn(p.batch * p.dp, p.channels, *p.image, generator=g, device="cpu")[dp_rank * p.batch:(dp_rank + 1) * p.batch]
+    x_all = torch.randn(p.batch * p.dp, p.channels, *p.image, generator=g, device="cpu")[
+        dp_rank * p.batch : (dp_rank + 1) * p.batch
+    ]
     x = x_all[:, ids].to(device)
     lead = torch.full((p.batch,), 24.0, device=device)
     target = torch.randn(p.batch, len(core.cfg.out_channels), *p.image, generator=g, device="cpu").to(device)
     tp_group = mesh["tp"].get_group() if mesh is not None else None
     opt = None if front_only else torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # a whole model trains with the training loop's own step (forward, backward, clipping,
+    # the finite check, the optimizer); the front-end ablations only run forward and backward
+    train_step = (
+        None if front_only else _training_step(model, core, opt, device, precision, tp_group, (x, lead, target))
+    )
 
     # The front end's output summed: its gradient is ones, so no loss-sized temporaries are
     # added to what the front end itself holds.
@@ -111,14 +176,13 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
         return core.aggregate(x).sum()
 
     def step():
+        if train_step is not None:
+            train_step()
+            return
         with autocast(device, precision):
-            loss = front_loss() if front_only else ((model(x, lead) - target).float() ** 2).mean()
+            loss = front_loss()
         loss.backward()
-        if opt is not None:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        else:
-            model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
 
     def front_step():
         with autocast(device, precision):
@@ -148,7 +212,7 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
     peak = torch.cuda.max_memory_reserved() / MIB if device.type == "cuda" else mem["total"]
     per_rank = {"memory_mib": peak, "allocated_mib": mem["total"]}
     if device.type != "cuda":
-        per_rank.update({k: mem[k] for k in ("parameters", "gradients", "optimizer", "activations")})
+        per_rank.update({k: mem[k] for k in KINDS})
     if split:
         per_rank.update(front_mib=front, rest_mib=peak - front)
     dist.barrier()
@@ -169,21 +233,24 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
     ranks = [dict(zip(keys, t.tolist())) for t in everyone]
     step_s = float(elapsed)
     flops = forward_flops(p)
-    result.update({
-        "ranks": ranks,
-        "memory_mib_rank0": ranks[0]["memory_mib"],
-        "memory_mib_max": max(r["memory_mib"] for r in ranks),
-        "step_s": step_s,
-        "samples_per_s_per_gpu": p.batch * p.dp / step_s / p.gpus,
-        "forward_flops": flops,
-        "tflops_per_gpu": 3 * flops / step_s / p.tp / 1e12,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-        else f"CPU ({platform.machine()}, {os.cpu_count()} cores, gloo)",
-        "memory_measure": "torch.cuda.max_memory_reserved" if device.type == "cuda" else "MemTracker peak (CPU)",
-        "torch": torch.__version__,
-        "steps": steps,
-        "warmup": warmup,
-    })
+    result.update(
+        {
+            "ranks": ranks,
+            "memory_mib_rank0": ranks[0]["memory_mib"],
+            "memory_mib_max": max(r["memory_mib"] for r in ranks),
+            "step_s": step_s,
+            "samples_per_s_per_gpu": p.batch * p.dp / step_s / p.gpus,
+            "forward_flops": flops,
+            "tflops_per_gpu": 3 * flops / step_s / p.tp / 1e12,
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"CPU ({platform.machine()}, {os.cpu_count()} cores, gloo)",
+            "memory_measure": "torch.cuda.max_memory_reserved" if device.type == "cuda" else "MemTracker peak (CPU)",
+            "torch": torch.__version__,
+            "steps": steps,
+            "warmup": warmup,
+        }
+    )
     return result
 
 
@@ -194,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--output", required=True)
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     point = Point.from_dict(json.loads(args.point))
     init_distributed()
     threads = os.environ.get("OMP_NUM_THREADS")
@@ -206,8 +274,10 @@ def main(argv: list[str] | None = None) -> None:
         tmp = out.with_suffix(".json.partial")
         tmp.write_text(json.dumps(result, indent=1))
         tmp.replace(out)  # never a complete-looking file from a failed run
-        print(f"{point.name}: {result['memory_mib_rank0']:.1f} MiB on rank 0 (max {result['memory_mib_max']:.1f}), "
-              f"{result['step_s']:.4f} s/step, {result['tflops_per_gpu']:.4f} TFLOPS/GPU", flush=True)
+        log.info(
+            f"{point.name}: {result['memory_mib_rank0']:.1f} MiB on rank 0 (max {result['memory_mib_max']:.1f}), "
+            f"{result['step_s']:.4f} s/step, {result['tflops_per_gpu']:.4f} TFLOPS/GPU"
+        )
     dist.destroy_process_group()
 
 

@@ -11,20 +11,29 @@ from __future__ import annotations
 
 from ..benefit.costmodel import PAPER, Workload, predict
 from ..benefit.hardware import Hardware
+from ..vocabulary import VARIANTS
 from . import published
 from .sweep import Point
 
 GIB = 2**30
 _HW = Hardware(alpha=1e-5, intra_bw=1e11, inter_bw=1e10, gpus_per_node=8)  # memory does not depend on these
-STRATEGY = {"baseline": "tp", "dchag-l": "dchag-l", "dchag-c": "dchag-c"}
 
 
 def workload(width: int, channels: int, tree: int = 0) -> Workload:
     f = published.FIXED
     h, w = f["image"]
-    return Workload(channels=channels, embed_dim=width, depth=f["depth"], num_heads=max(1, width // published.HEADS_PER_WIDTH),
-                    tokens=(h // f["patch"]) * (w // f["patch"]), patch_size=f["patch"], batch=f["batch"], act_bytes=2, tree=tree,
-                    **PAPER)
+    return Workload(
+        channels=channels,
+        embed_dim=width,
+        depth=f["depth"],
+        num_heads=max(1, width // published.HEADS_PER_WIDTH),
+        tokens=(h // f["patch"]) * (w // f["patch"]),
+        patch_size=f["patch"],
+        batch=f["batch"],
+        act_bytes=2,
+        tree=tree,
+        **PAPER,
+    )
 
 
 def front_gb(w: Workload, variant: str, tp: int) -> float:
@@ -51,6 +60,6 @@ def predicted_gb(p: Point) -> float:
     """Predicted per-GPU memory (GB, 2^30 bytes as the paper's logs) at the point's paper setting."""
     width, channels, tp = p.paper_setting
     w = workload(width, channels, p.tree)
-    if p.variant in STRATEGY:
-        return predict(w, _HW, tp * p.dp, 8, STRATEGY[p.variant], rate=1e14, tp=tp).memory_bytes / GIB
+    if VARIANTS[p.variant].cost_model:
+        return predict(w, _HW, tp * p.dp, 8, VARIANTS[p.variant].cost_model, rate=1e14, tp=tp).memory_bytes / GIB
     return front_gb(w, p.variant, tp)

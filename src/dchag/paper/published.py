@@ -50,13 +50,19 @@ def _numbers() -> list[Published]:
     out = []
     for width, channels, tp, base, cross, linear in _FULL:
         for variant, gb in (("baseline", base), ("dchag-c", cross), ("dchag-l", linear)):
-            out.append(Published("full_models", width, channels, tp, variant, 0, "memory_gb", gb, "full-model memory table"))
+            out.append(
+                Published("full_models", width, channels, tp, variant, 0, "memory_gb", gb, "full-model memory table")
+            )
     for (width, channels, tp), by_variant in _TFLOPS.items():
         for variant, tf in by_variant.items():
             out.append(Published("full_models", width, channels, tp, variant, 0, "tflops", tf, "full-model TFLOPS/GPU"))
     # Front end alone, 1.7B, 1024 channels, TP 8.
-    for variant, gb in (("tokenize", 50.14), ("tokenize+aggregate", 58.37), ("dist-tokenize", 8.13),
-                        ("dist-tokenize+gather-all", 55.49)):
+    for variant, gb in (
+        ("tokenize", 50.14),
+        ("tokenize+aggregate", 58.37),
+        ("dist-tokenize", 8.13),
+        ("dist-tokenize+gather-all", 55.49),
+    ):
         out.append(Published("tokenization", 2048, 1024, 8, variant, 0, "memory_gb", gb, "front-end ablation"))
     # Tree0/2/4/8, 1.7B, 1024 channels, TP 8.
     for variant, values in (("dchag-l", (13.96, 15.78, 17.84, 19.29)), ("dchag-c", (24.17, 20.76, 23.82, 23.46))):
@@ -73,12 +79,20 @@ NUMBERS: list[Published] = _numbers()
 ALIASES = {"front_share": ("tokenization", "full_models"), "tp_scaling": ("full_models",)}
 
 
-def lookup(figure: str, width: int, channels: int, tp: int, variant: str, tree: int = 0, metric: str = "memory_gb") -> float | None:
+def lookup(
+    figure: str, width: int, channels: int, tp: int, variant: str, tree: int = 0, metric: str = "memory_gb"
+) -> float | None:
     """The published value at this setting, or None where the paper has none."""
     figures = (figure, *ALIASES.get(figure, ()))
     for n in NUMBERS:
-        if (n.figure in figures and (n.width, n.channels, n.tp, n.variant, n.tree, n.metric)
-                == (width, channels, tp, variant, tree, metric)):
+        if n.figure in figures and (n.width, n.channels, n.tp, n.variant, n.tree, n.metric) == (
+            width,
+            channels,
+            tp,
+            variant,
+            tree,
+            metric,
+        ):
             return n.value
     return None
 

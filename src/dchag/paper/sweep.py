@@ -18,16 +18,29 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from ..config import ConfigError
+from ..vocabulary import FRONT_VARIANTS, MODEL_VARIANTS
 
 FIGURES = ("front_share", "tokenization", "tree", "full_models", "tp_scaling")
-MODEL_VARIANTS = ("baseline", "dchag-l", "dchag-c")
-# The front end alone (tokenizer and aggregation, no ViT): the baseline's tokenization, + its
-# aggregation, D-CHAG's distributed tokenization, and distributed tokenization followed by an
-# AllGather of all tokens (the ablation that shows why partial aggregation precedes the gather).
-FRONT_VARIANTS = ("tokenize", "tokenize+aggregate", "dist-tokenize", "dist-tokenize+gather-all")
+# The front end alone (tokenizer and aggregation, no ViT; dchag.vocabulary.FRONT_VARIANTS): the
+# baseline's tokenization, + its aggregation, D-CHAG's distributed tokenization, and distributed
+# tokenization followed by an AllGather of all tokens (the ablation that shows why partial
+# aggregation precedes the gather).
 VARIANTS = MODEL_VARIANTS + FRONT_VARIANTS
-KEYS = ("width", "depth", "heads", "channels", "image", "patch", "batch", "precision", "tp", "dp", "variant", "tree",
-        "activation_checkpointing")
+KEYS = (
+    "width",
+    "depth",
+    "heads",
+    "channels",
+    "image",
+    "patch",
+    "batch",
+    "precision",
+    "tp",
+    "dp",
+    "variant",
+    "tree",
+    "activation_checkpointing",
+)
 STANDS_FOR_KEYS = ("width", "channels", "tp")
 
 
@@ -51,8 +64,11 @@ class Point:
     @property
     def name(self) -> str:
         v = self.variant.replace("+", "_plus_")
-        return (f"w{self.width}-d{self.depth}-h{self.heads}-c{self.channels}-i{self.image[0]}x{self.image[1]}-p{self.patch}"
-                f"-b{self.batch}-{self.precision}-tp{self.tp}-dp{self.dp}-{v}-tree{self.tree}{'-ac' if self.activation_checkpointing else ''}")
+        return (
+            f"w{self.width}-d{self.depth}-h{self.heads}-c{self.channels}-i{self.image[0]}x{self.image[1]}-p{self.patch}"
+            f"-b{self.batch}-{self.precision}-tp{self.tp}-dp{self.dp}-{v}-tree{self.tree}"
+            f"{'-ac' if self.activation_checkpointing else ''}"
+        )
 
     @property
     def gpus(self) -> int:
@@ -70,7 +86,7 @@ class Point:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Point":
+    def from_dict(cls, d: dict) -> Point:
         d = dict(d)
         d["image"] = tuple(d["image"])
         d["stands_for"] = tuple(d["stands_for"]) if d.get("stands_for") else None
@@ -88,14 +104,22 @@ def _check(point: Point, where: str) -> None:
         raise ConfigError(f"config key '{where}': image {list(point.image)} is not divisible by patch {point.patch}")
     if point.variant.startswith("dist-") or point.variant.startswith("dchag"):
         if point.channels < point.tp:
-            raise ConfigError(f"config key '{where}': {point.channels} channels cannot give each of tp {point.tp} ranks one")
+            raise ConfigError(
+                f"config key '{where}': {point.channels} channels cannot give each of tp {point.tp} ranks one"
+            )
     if point.variant == "dist-tokenize+gather-all" and point.channels % point.tp:
-        raise ConfigError(f"config key '{where}': the all-token gather needs channels ({point.channels}) divisible by tp ({point.tp})")
+        raise ConfigError(
+            f"config key '{where}': the all-token gather needs channels ({point.channels}) divisible by tp ({point.tp})"
+        )
     if point.tree and (not point.variant.startswith("dchag") or (point.channels // point.tp) % point.tree):
-        raise ConfigError(f"config key '{where}.tree': {point.tree} needs a D-CHAG variant whose channels per rank "
-                          f"({point.channels // point.tp}) divide into {point.tree} sub-groups")
+        raise ConfigError(
+            f"config key '{where}.tree': {point.tree} needs a D-CHAG variant whose channels per rank "
+            f"({point.channels // point.tp}) divide into {point.tree} sub-groups"
+        )
     if point.dp > 1 and point.variant in FRONT_VARIANTS:
-        raise ConfigError(f"config key '{where}.dp': the front-end variants ({point.variant}) run on one TP group (dp 1)")
+        raise ConfigError(
+            f"config key '{where}.dp': the front-end variants ({point.variant}) run on one TP group (dp 1)"
+        )
 
 
 def expand(grid: dict, defaults: dict, where: str) -> list[Point]:
@@ -121,15 +145,19 @@ def expand(grid: dict, defaults: dict, where: str) -> list[Point]:
         if stands:
             missing = set(STANDS_FOR_KEYS) - set(stands)
             if missing:
-                raise ConfigError(f"config key '{where}.stands_for': needs {', '.join(STANDS_FOR_KEYS)} (missing {sorted(missing)})")
+                raise ConfigError(
+                    f"config key '{where}.stands_for': needs {', '.join(STANDS_FOR_KEYS)} (missing {sorted(missing)})"
+                )
             # a swept key in stands_for is a list matched position by position with the grid's list
             setting = []
             for k in STANDS_FOR_KEYS:
                 s = stands[k]
                 if isinstance(s, list):
                     if not isinstance(grid.get(k), list) or len(grid[k]) != len(s):
-                        raise ConfigError(f"config key '{where}.stands_for.{k}': a list must pair with the grid's list of "
-                                          f"the same length")
+                        raise ConfigError(
+                            f"config key '{where}.stands_for.{k}': a list must pair with the grid's list of "
+                            f"the same length"
+                        )
                     s = s[grid[k].index(getattr(p, k))]
                 setting.append(int(s))
             p = replace(p, stands_for=tuple(setting))
@@ -158,8 +186,10 @@ def all_points(paper: dict) -> dict[str, Point]:
         for p in pts:
             old = points.setdefault(p.name, p)
             if old != p:  # same settings, different stands_for
-                raise ConfigError(f"paper sweeps: point {p.name} stands for two paper settings ({old.stands_for} and "
-                                  f"{p.stands_for}); give it one")
+                raise ConfigError(
+                    f"paper sweeps: point {p.name} stands for two paper settings ({old.stands_for} and "
+                    f"{p.stands_for}); give it one"
+                )
     return points
 
 
@@ -175,8 +205,10 @@ def resources(point: Point, gpus_per_node: int) -> Resources:
     tp > gpus_per_node)."""
     nodes = math.ceil(point.gpus / gpus_per_node)
     if point.gpus % nodes:
-        raise ConfigError(f"paper point {point.name}: {point.gpus} GPUs do not spread evenly over {nodes} nodes of "
-                          f"{gpus_per_node} (paper.gpus_per_node)")
+        raise ConfigError(
+            f"paper point {point.name}: {point.gpus} GPUs do not spread evenly over {nodes} nodes of "
+            f"{gpus_per_node} (paper.gpus_per_node)"
+        )
     return Resources(point.gpus, nodes, point.gpus // nodes)
 
 
@@ -189,3 +221,47 @@ def point_config(name: str, paper: dict, point: Point) -> dict:
     keep = ("gpus_per_node", "steps", "warmup", "runtime", "mem_mb", "threads_per_rank")
     figure = next(f for f, pts in sweeps(paper).items() if point in pts)
     return {"name": name, "paper": {**{k: paper[k] for k in keep}, "sweeps": {figure: [grid]}}}
+
+
+def paper_section(config: dict, source: str) -> dict:
+    """The validated config's paper section (defaults filled)."""
+    from ..config import settings
+
+    paper = settings(config).paper
+    if paper is None:
+        raise ConfigError(f"{source}: has no 'paper' section (the paper's sweeps; see config/paper.yaml)")
+    return paper
+
+
+def launch_point(config: dict, name: str, output: str, threads_per_rank: int | None, source: str) -> None:
+    """Measure sweep point ``name`` of the config under torchrun (tp x dp processes on this
+    node): ``dchag.paper.bench`` on every rank, the result JSON at ``output``."""
+    import json
+
+    from ..train.launch import launch
+
+    paper = paper_section(config, source)
+    points = all_points(paper)
+    if name not in points:
+        raise ConfigError(
+            f"{source}: no paper sweep point named {name!r} "
+            f"(the config's points: {', '.join(sorted(points)) or 'none'})"
+        )
+    point = points[name]
+    bench_args = [
+        "--point",
+        json.dumps(point.to_dict()),
+        "--steps",
+        str(paper["steps"]),
+        "--warmup",
+        str(paper["warmup"]),
+        "--output",
+        output,
+    ]
+    launch(
+        resources(point, paper["gpus_per_node"]).per_node,
+        0,
+        bench_args,
+        threads_per_rank or paper["threads_per_rank"],
+        module=("dchag.paper.bench",),
+    )

@@ -1,4 +1,4 @@
-"""Gradient compression for DDP (parallel.dp: ddp): one communication hook per run that can
+"""Gradient compression for DDP (parallel.data_parallel: ddp): one communication hook per run that can
 compress with fp16, PowerSGD or 8-bit quantisation with error feedback, and fall back to fp16
 when validation degrades (Trainer calls ``fall_back``).
 
@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-from .dims import ParallelConfigError
+from ..layout import ParallelConfigError
+from . import names
 
 HOOKS = ("none", "fp16", "powersgd", "int8_ef")
 # "allreduce": plain fp32 averaging issued from Python (synchronously), so the trainer's
@@ -30,7 +31,11 @@ HOOKS = ("none", "fp16", "powersgd", "int8_ef")
 def quantize_int8(x: torch.Tensor, sizes: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 values and one scale (max |x| / 127) per segment of ``sizes`` (the whole of x by default)."""
     sizes = sizes or [x.numel()]
-    scale = (torch.stack([part.abs().max() for part in x.split(sizes)]) / 127.0).clamp_min(torch.finfo(torch.float32).tiny).float()
+    scale = (
+        (torch.stack([part.abs().max() for part in x.split(sizes)]) / 127.0)
+        .clamp_min(torch.finfo(torch.float32).tiny)
+        .float()
+    )
     return torch.round(x / expand_scales(scale, sizes)).clamp_(-127, 127).to(torch.int8), scale
 
 
@@ -51,8 +56,13 @@ class CompressionHook:
         self.timed = timed
         self.seconds = 0.0
         self.fell_back_at: int | None = None
-        self.powersgd = (psgd.PowerSGDState(process_group=process_group, matrix_approximation_rank=powersgd_rank,
-                                            start_powerSGD_iter=2) if kind == "powersgd" else None)
+        self.powersgd = (
+            psgd.PowerSGDState(
+                process_group=process_group, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=2
+            )
+            if kind == "powersgd"
+            else None
+        )
 
     def fall_back(self, step: int) -> bool:
         """Switch to fp16 compression from now on; True if this changed anything."""
@@ -91,20 +101,8 @@ class CompressionHook:
             return psgd.powerSGD_hook(state.powersgd, bucket)
         return state._int8(bucket)
 
-    def residual_state(self, model: torch.nn.Module, key) -> dict[str, torch.Tensor]:
-        """This rank's int8-EF residuals by parameter (``key(name)``), for the checkpoint: a
-        resumed run continues the error feedback where it stopped. Kept per parameter, not per
-        bucket, because DDP rebuilds its buckets after the first step of every process."""
-        if self.kind != "int8_ef":
-            return {}
-        rank = dist.get_rank(self.group)
-        out = {}
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                if p not in self.residuals:
-                    self.residuals[p] = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
-                out[f"comm_hook.rank{rank}.{key(name)}"] = self.residuals[p]
-        return out
+    def checkpoint_part(self, model: torch.nn.Module) -> "ResidualState":
+        return ResidualState(self, model)
 
     def _int8(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         grad = bucket.buffer()
@@ -112,9 +110,15 @@ class CompressionHook:
         params = bucket.parameters()
         sizes = [p.numel() for p in params]
         if sum(sizes) != grad.numel():
-            raise RuntimeError(f"int8_ef hook: bucket {bucket.index()} holds {grad.numel()} values, its parameters {sum(sizes)}")
-        x = grad.float() + torch.cat([self.residuals[p] if p in self.residuals else grad.new_zeros(n, dtype=torch.float32)
-                                      for p, n in zip(params, sizes)])
+            raise RuntimeError(
+                f"int8_ef hook: bucket {bucket.index()} holds {grad.numel()} values, its parameters {sum(sizes)}"
+            )
+        x = grad.float() + torch.cat(
+            [
+                self.residuals[p] if p in self.residuals else grad.new_zeros(n, dtype=torch.float32)
+                for p, n in zip(params, sizes)
+            ]
+        )
         q, scale = quantize_int8(x, sizes)  # one scale per parameter: the same whatever the bucketing
         for p, r in zip(params, (x - q.float() * expand_scales(scale, sizes)).split(sizes)):
             self.residuals[p] = r.clone()
@@ -129,3 +133,28 @@ class CompressionHook:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(grad)
         return fut
+
+
+class ResidualState:
+    """A checkpoint part (see ``dchag.train.state``): this rank's int8-EF residuals by
+    parameter, so a resumed run continues the error feedback where it stopped. Kept per
+    parameter, not per bucket, because DDP rebuilds its buckets after the first step of every
+    process. Other hooks have no state."""
+
+    def __init__(self, hook: CompressionHook, model: torch.nn.Module):
+        self.hook, self.model = hook, model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if self.hook.kind != "int8_ef":
+            return {}
+        rank = dist.get_rank(self.hook.group)
+        out = {}
+        for key, p in names.named_parameters(self.model):
+            if p.requires_grad:
+                if p not in self.hook.residuals:
+                    self.hook.residuals[p] = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
+                out[f"rank{rank}.{key}"] = self.hook.residuals[p]
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        pass  # loaded in place

@@ -21,11 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from ..errors import DchagError
 
-
-class ParallelConfigError(DchagError, ValueError):
-    """The process layout does not fit the config's parallel section."""
+from ..layout import data_parallel_size
 
 
 def init_distributed() -> tuple[str, torch.device]:
@@ -47,8 +44,11 @@ def init_distributed() -> tuple[str, torch.device]:
             # A group restarted by torchrun (--max-restarts) must not read the addresses its
             # previous attempt left in the agent's store: give each attempt its own key space.
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-            kwargs = dict(store=dist.PrefixStore(f"dchag/attempt_{attempt}", store),
-                          rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+            kwargs = dict(
+                store=dist.PrefixStore(f"dchag/attempt_{attempt}", store),
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+            )
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None, **kwargs)
     return backend, device
 
@@ -68,17 +68,7 @@ class ParallelDims:
     world_size: int = 1
 
     def __post_init__(self):
-        if self.tp < 1 or self.world_size % self.tp:
-            raise ParallelConfigError(
-                f"world size {self.world_size} is not a multiple of the tensor-parallel size tp={self.tp}; "
-                f"launch a multiple of {self.tp} processes (torchrun --nproc-per-node) or change parallel.tp"
-            )
-        if self.dp_mode not in ("fsdp", "ddp", "none"):
-            raise ParallelConfigError(f"parallel.dp {self.dp_mode!r}: expected fsdp, ddp or none")
-        if self.dp_mode == "ddp" and self.tp > 1:
-            raise ParallelConfigError("parallel.dp: ddp works with tp=1 only; use fsdp to combine data and tensor parallelism")
-        if self.dp_mode == "none" and self.dp > 1:
-            raise ParallelConfigError(f"parallel.dp: none, but world size {self.world_size} leaves {self.dp} data-parallel replicas")
+        data_parallel_size(self.tp, self.dp_mode, self.world_size)
 
     @property
     def dp(self) -> int:

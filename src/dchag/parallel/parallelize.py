@@ -27,11 +27,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
+from ..config import ParallelSettings
+from ..layout import ParallelConfigError
 from ..model.model import ChannelViT
+from ..vocabulary import Strategy
 from .collectives import gather_groups
-from .dims import ParallelConfigError, ParallelDims
+from .dims import ParallelDims
+from .names import canonical, holds_channel_block, unwrap
 
-STRATEGIES = ("baseline", "dchag")
+STRATEGIES = tuple(Strategy)
 
 
 def _attention_plan(prepare_at: str, projections_at: str, inputs: int) -> dict:
@@ -72,7 +76,9 @@ def apply_dchag(model: ChannelViT, tp_mesh: DeviceMesh) -> None:
     if model.partial is None:
         raise ParallelConfigError("D-CHAG needs a hierarchical model: set model.aggregation to linear or cross")
     if len(model.groups) != t:
-        raise ParallelConfigError(f"D-CHAG needs one channel group per tensor-parallel rank: model.groups={len(model.groups)}, tp={t}")
+        raise ParallelConfigError(
+            f"D-CHAG needs one channel group per tensor-parallel rank: model.groups={len(model.groups)}, tp={t}"
+        )
     rank = tp_mesh.get_local_rank()
     key, lo, hi = model.local_groups[rank]
     model.tokenizer.keep_channels(lo, hi)
@@ -103,11 +109,17 @@ def apply_activation_checkpointing(model: ChannelViT) -> None:
         model.blocks[i] = checkpoint_wrapper(block)
 
 
-def apply_fsdp(model: ChannelViT, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None, reshard_after_forward: bool = True) -> None:
+def apply_fsdp(
+    model: ChannelViT, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None, reshard_after_forward: bool = True
+) -> None:
     """FSDP2 per ViT block and at the root. reshard_after_forward=True frees gathered weights
     after forward and gathers them again for backward (ZeRO-3); False keeps them (ZeRO-2-like:
     gradients and optimizer state sharded, weights whole between forward and backward)."""
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype
+        else MixedPrecisionPolicy()
+    )
     for block in model.blocks:
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
@@ -117,42 +129,52 @@ def parallelize_model(
     model: ChannelViT,
     dims: ParallelDims,
     mesh: DeviceMesh | None,
-    strategy: str = "baseline",
-    activation_checkpointing: bool = False,
+    parallel: ParallelSettings,
+    *,
     param_dtype: torch.dtype | None = None,
-    reshard_after_forward: bool = True,
-    ddp_bucket_mb: float = 25.0,
-    comm_hook: str = "none",
-    powersgd_rank: int = 2,
     find_unused_parameters: bool = False,
     timed_ddp: bool = False,
 ) -> nn.Module:
-    """Apply the strategy over ``mesh`` ("dp", "tp"); returns the module to train (DDP wraps)."""
-    if strategy not in STRATEGIES:
-        raise ParallelConfigError(f"parallel.strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    """Apply the config's ``parallel`` section over ``mesh`` ("dp", "tp"); returns the module to
+    train (DDP wraps). ``param_dtype``: FSDP's mixed-precision parameter type (None: the
+    parameters' own); ``find_unused_parameters``: DDP's, for channel-subset rotation;
+    ``timed_ddp``: time DDP's collectives (train.measure_comm)."""
+    if parallel.strategy not in STRATEGIES:
+        raise ParallelConfigError(f"parallel.strategy {parallel.strategy!r}: expected one of {', '.join(STRATEGIES)}")
     broadcast_parameters(model)
     if mesh is not None and dims.tp > 1:
-        (apply_dchag if strategy == "dchag" else apply_tp)(model, mesh["tp"])
-    if activation_checkpointing:
+        (apply_dchag if parallel.strategy == "dchag" else apply_tp)(model, mesh["tp"])
+    if parallel.activation_checkpointing:
         apply_activation_checkpointing(model)
+    comm_hook = parallel.comm_hook
     if mesh is not None and dims.dp > 1:
         if dims.dp_mode == "fsdp":
-            apply_fsdp(model, mesh["dp"], param_dtype, reshard_after_forward)
+            apply_fsdp(model, mesh["dp"], param_dtype, parallel.fsdp_reshard_after_forward)
         elif dims.dp_mode == "ddp":
-            ddp = nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group(), bucket_cap_mb=ddp_bucket_mb,
-                                                      find_unused_parameters=find_unused_parameters)
+            ddp = nn.parallel.DistributedDataParallel(
+                model,
+                process_group=mesh["dp"].get_group(),
+                bucket_cap_mb=parallel.ddp_bucket_mb,
+                find_unused_parameters=find_unused_parameters,
+            )
             if comm_hook != "none" or timed_ddp:
                 from .compression import CompressionHook
 
-                hook = CompressionHook(comm_hook if comm_hook != "none" else "allreduce", mesh["dp"].get_group(), powersgd_rank,
-                                       timed=timed_ddp)
+                hook = CompressionHook(
+                    comm_hook if comm_hook != "none" else "allreduce",
+                    mesh["dp"].get_group(),
+                    parallel.powersgd_rank,
+                    timed=timed_ddp,
+                )
                 ddp.register_comm_hook(hook, CompressionHook.hook)
                 ddp.comm_hook_state = hook
                 if comm_hook != "none":
                     ddp.compression = hook
             return ddp
     if comm_hook != "none":
-        raise ParallelConfigError(f"parallel.comm_hook {comm_hook!r} needs parallel.dp: ddp and several data-parallel ranks")
+        raise ParallelConfigError(
+            f"parallel.comm_hook {comm_hook!r} needs parallel.data_parallel: ddp and several data-parallel ranks"
+        )
     return model
 
 
@@ -173,8 +195,7 @@ def autocast(device: torch.device, precision: str):
 def tp_local_parameter(name: str, model: ChannelViT) -> bool:
     """Parameters that differ between tensor-parallel ranks by design: under D-CHAG, each
     rank's channel block of the tokenizer and its own partial aggregator."""
-    name = name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
-    return getattr(model, "group_gather", None) is not None and name.startswith(("tokenizer.", "partial."))
+    return holds_channel_block(model) and canonical(name).startswith(("tokenizer.", "partial."))
 
 
 @torch.no_grad()
@@ -182,7 +203,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, tp_group: dist.ProcessGro
     """Clip by the global gradient norm over every parameter of the (parallelized) model,
     each counted once: DTensor shards reduced over their mesh, D-CHAG's rank-local
     parameters summed over the TP group, replicated ones taken as they are."""
-    core = model.module if hasattr(model, "module") else model
+    core = unwrap(model)
     device = next((p.grad.device for p in model.parameters() if p.grad is not None), torch.device("cpu"))
     # Norms stay on the gradients' device: the TP all-reduce below runs there (NCCL takes no CPU tensors).
     shared = torch.zeros((), dtype=torch.float64, device=device)

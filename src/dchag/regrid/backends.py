@@ -14,9 +14,9 @@ from pathlib import Path
 
 import xarray as xr
 
+from ..errors import DchagError
 from ..grids import LatLonGrid, cell_edges
 from .weights import RegridWeights
-from ..errors import DchagError
 
 BACKENDS = ("auto", "xesmf", "builtin")
 
@@ -76,3 +76,19 @@ def build_weights(source: LatLonGrid, target: LatLonGrid, method: str, backend: 
     weights.origin = "dchag builtin"
     return weights
 
+
+def load_or_build(
+    source: LatLonGrid,
+    target: LatLonGrid,
+    method: str,
+    weights_file: str | os.PathLike | None = None,
+    backend: str = "auto",
+) -> RegridWeights:
+    """Weights for ``source`` -> ``target``: from ``weights_file`` when it exists, else built
+    by the backend (and written to ``weights_file`` when one is named)."""
+    if weights_file is not None and Path(weights_file).exists():
+        return RegridWeights.from_netcdf(weights_file, source, target, method)
+    weights = build_weights(source, target, method, backend)
+    if weights_file is not None:
+        weights.to_netcdf(weights_file)
+    return weights

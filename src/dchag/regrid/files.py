@@ -15,7 +15,7 @@ from dask.diagnostics import ProgressBar
 from .. import provenance
 from ..grids import grid_of, lat_lon_names, weatherbench_grid
 from ..store import atomic_path, open_any, write_zarr
-from .weights import load_or_build
+from .backends import load_or_build
 
 
 def regrid_file(
@@ -29,7 +29,7 @@ def regrid_file(
 ) -> Path:
     ds = open_any(input_path, "input file", normalise_names=False)
     lat_name, lon_name = lat_lon_names(ds, input_path)
-    source = grid_of(ds, input_path)
+    source = grid_of(ds, input_path, uneven_lat=True)  # a regular Gaussian source too
     target = weatherbench_grid(resolution)
     weights = load_or_build(source, target, method, weights_file, backend)
     rows = xr.DataArray(weights.source_rows, dims=lat_name)
@@ -53,13 +53,17 @@ def regrid_file(
             keep_attrs=True,
         )
         out[name] = regridded.rename({"__lat": lat_name, "__lon": lon_name})
-    out = out.assign_coords({lat_name: (lat_name, target.lat, ds[lat_name].attrs), lon_name: (lon_name, target.lon, ds[lon_name].attrs)})
+    out = out.assign_coords(
+        {lat_name: (lat_name, target.lat, ds[lat_name].attrs), lon_name: (lon_name, target.lon, ds[lon_name].attrs)}
+    )
     out.attrs.update(
         regrid_method=method,
         regrid_source_grid=source.describe(),
         regrid_target_grid=f"WeatherBench {resolution} deg: {target.describe()}",
         regrid_weights_origin=weights.origin,
-        **provenance.as_attrs(provenance.record({"input": input_path, "grid": resolution, "method": method, "backend": backend})),
+        **provenance.as_attrs(
+            provenance.record({"input": input_path, "grid": resolution, "method": method, "backend": backend})
+        ),
     )
     with ProgressBar(minimum=2):
         if output.rstrip("/").endswith(".zarr"):

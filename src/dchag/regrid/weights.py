@@ -18,10 +18,10 @@ import scipy.sparse as sp
 import xarray as xr
 
 from .. import provenance
+from ..errors import DchagError
 from ..grids import GridError, LatLonGrid
 from .bilinear import bilinear_weights, unit_vectors
 from .conservative import conservative_weights
-from ..errors import DchagError
 
 METHODS = ("bilinear", "conservative")
 
@@ -53,7 +53,7 @@ class RegridWeights:
         self._compact = {np.dtype(np.float64): compact, np.dtype(np.float32): compact.astype(np.float32)}
 
     @classmethod
-    def build(cls, source: LatLonGrid, target: LatLonGrid, method: str) -> "RegridWeights":
+    def build(cls, source: LatLonGrid, target: LatLonGrid, method: str) -> RegridWeights:
         if method == "bilinear":
             matrix = bilinear_weights(source, target)
         elif method == "conservative":
@@ -63,7 +63,8 @@ class RegridWeights:
         return cls(matrix, source, target, method)
 
     def apply_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Regrid data holding only ``self.source_rows`` of the source: (..., len(rows), nlon) -> (..., nlat_t, nlon_t)."""
+        """Regrid data holding only ``self.source_rows`` of the source:
+        (..., len(rows), nlon) -> (..., nlat_t, nlon_t)."""
         lead = rows.shape[:-2]
         if rows.shape[-2:] != (self.source_rows.size, self.source.shape[1]):
             raise GridError(
@@ -78,7 +79,9 @@ class RegridWeights:
     def apply(self, data: np.ndarray) -> np.ndarray:
         """Regrid an array whose last two axes are the source (lat, lon) as stored."""
         if data.shape[-2:] != self.source.shape:
-            raise GridError(f"data grid shape {data.shape[-2:]} does not match the weights' source grid {self.source.shape}")
+            raise GridError(
+                f"data grid shape {data.shape[-2:]} does not match the weights' source grid {self.source.shape}"
+            )
         if self.source_rows.size == self.source.shape[0]:
             return self.apply_rows(data)  # every row is weighted (e.g. conservative): no gather
         return self.apply_rows(np.take(data, self.source_rows, axis=-2))
@@ -105,17 +108,17 @@ class RegridWeights:
                 "col-1 = ilat*nlon_in + ilon of the source, both in the (lat, lon) order stored in src_*/dst_*",
                 "source_shape_lat_lon": np.array(self.source.shape, dtype=np.int32),
                 "target_shape_lat_lon": np.array(self.target.shape, dtype=np.int32),
-                **provenance.as_attrs(provenance.record({"method": self.method, "source": self.source.describe(), "target": self.target.describe()})),
+                **provenance.as_attrs(
+                    provenance.record(
+                        {"method": self.method, "source": self.source.describe(), "target": self.target.describe()}
+                    )
+                ),
             },
         )
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
+        from ..store import atomic_path
+
+        with atomic_path(path) as tmp:
             ds.to_netcdf(tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     @classmethod
     def from_netcdf(
@@ -124,7 +127,7 @@ class RegridWeights:
         source: LatLonGrid,
         target: LatLonGrid,
         method: str | None = None,
-    ) -> "RegridWeights":
+    ) -> RegridWeights:
         """Load an ESMF/xESMF weights file for regridding ``source`` onto ``target``.
 
         Raises WeightsError naming the file if it was made for other grids: by the grids it
@@ -163,7 +166,8 @@ class RegridWeights:
         col = ds["col"].values.astype(np.int64) - 1
         if row.size and (row.min() < 0 or col.min() < 0 or row.max() >= target.size or col.max() >= source.size):
             raise WeightsError(
-                f"weights file {path} indexes a target of >= {row.max() + 1} and a source of >= {col.max() + 1} points, "
+                f"weights file {path} indexes a target of >= {row.max() + 1} "
+                f"and a source of >= {col.max() + 1} points, "
                 f"but the target grid here is {target.describe()} and the source {source.describe()}"
             )
         matrix = sp.coo_matrix((ds["S"].values, (row, col)), shape=(target.size, source.size)).tocsr()
@@ -183,22 +187,3 @@ class RegridWeights:
                 f"{self.target.describe()}: regridding the coordinate fields misplaces them by up to {err:.3g} "
                 "(unit-sphere distance); they were made for other grids"
             )
-
-
-def load_or_build(
-    source: LatLonGrid,
-    target: LatLonGrid,
-    method: str,
-    weights_file: str | os.PathLike | None = None,
-    backend: str = "auto",
-) -> RegridWeights:
-    """Weights for ``source`` -> ``target``: from ``weights_file`` when it exists, else built
-    by the backend (and written to ``weights_file`` when one is named)."""
-    if weights_file is not None and Path(weights_file).exists():
-        return RegridWeights.from_netcdf(weights_file, source, target, method)
-    from .backends import build_weights
-
-    weights = build_weights(source, target, method, backend)
-    if weights_file is not None:
-        weights.to_netcdf(weights_file)
-    return weights

@@ -1,30 +1,33 @@
 """Sharded, resumable checkpoints with torch.distributed.checkpoint (DCP).
 
-A checkpoint holds only tensors: model parameters (DTensor shards as they lie), AdamW state,
-the trainer's counters and every rank's RNG state. Loading never unpickles arbitrary
-objects: the metadata file is read by an unpickler that admits DCP's own metadata classes
-and nothing else, and byte (non-tensor) entries are refused.
+A checkpoint holds only tensors: each stateful part of a training run (the model, the
+optimizer, the schedule, the trainer's counters, every rank's RNG, a communication hook; see
+``dchag.train.state``) gives and takes its own state as a flat dict of tensors
+(``state_dict`` / ``load_state_dict``); the :class:`CheckpointManager` saves and loads the
+dict of them. Loading never runs code: the
+metadata file is unpickled with an allow-list of exact (module, name) pairs — DCP's own
+metadata classes, torch's dtypes and sizes, and nothing else — and byte (non-tensor) entries
+are refused; tensor data is read with ``weights_only=True`` by DCP.
 
-Under D-CHAG a rank's tokenizer holds channel block [lo, hi); its entries are keyed
-``tokenizer[lo:hi].…`` so blocks of different ranks never collide, and a checkpoint made
-with another channel layout fails with the mismatched keys listed.
-
-Checkpoints are written to a temporary directory and renamed when every rank is done, so a
-crash mid-save never leaves one that looks complete.
-
-:class:`CheckpointManager` is the training loop's view: the run's checkpoint directory, the
-policy (save every N steps and at the end, resume from the newest), and the guard that a run
-resumes only checkpoints of its own configuration.
+Beside the tensors a checkpoint directory holds its ``fingerprint.json`` (what the run's
+result depends on, see :func:`fingerprint`) and the run's logs up to its step (``log.csv``,
+``ranks.csv``): a resumed run restores its history from them. Checkpoints are written to a
+temporary directory and renamed when every rank is done, so a crash mid-save never leaves one
+that looks complete; and no checkpoint is ever deleted because the configuration changed:
+checkpoints of another configuration are moved aside to ``<run>/superseded/``.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import io
 import json
+import logging
 import pickle
 import re
 import shutil
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -32,56 +35,72 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.tensor import DTensor
 
 from ..errors import DchagError
+from ..parallel import names as keys
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(DchagError, ValueError):
     """A checkpoint is incomplete, unsafe, or made for another model or layout."""
 
 
-_ALLOWED = {
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.planner",
-    "torch.distributed.checkpoint.filesystem",
-    "torch.distributed.checkpoint._extension",
-    "collections",
-    "torch",
-    "torch.storage",
+# -- reading metadata without running code ------------------------------------------------------
+_DCP = "torch.distributed.checkpoint"
+_ALLOWED: set[tuple[str, str]] = {
+    *(
+        (f"{_DCP}.metadata", n)
+        for n in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "ChunkStorageMetadata",
+            "BytesStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    (f"{_DCP}.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a layout by its name (torch.strided)
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    *(("builtins", n) for n in ("set", "frozenset", "slice", "complex")),
+    *(("torch", n) for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)),
 }
-# Functions DCP's metadata legitimately names: they rebuild dtypes/layouts from their names.
-_ALLOWED_FUNCTIONS = {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-                      ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
-_ALLOWED_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "slice", "NoneType"}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
+    """Admits exact (module, name) pairs only: a dotted name (``os.system`` reached as an
+    attribute of an allowed module, which pickle protocol 4 resolves) is no pair of the list."""
+
     def find_class(self, module: str, name: str):
-        if (module, name) in _ALLOWED_FUNCTIONS or (module == "builtins" and name in _ALLOWED_BUILTINS):
+        if (module, name) in _ALLOWED:
             return super().find_class(module, name)
-        if module in _ALLOWED and not name.startswith("_load") and name not in ("load", "eval", "exec"):
-            obj = super().find_class(module, name)
-            if module == "torch" and not isinstance(obj, (type, torch.dtype)) and name != "Size":
-                raise pickle.UnpicklingError(f"checkpoint metadata refers to torch.{name}, which is not data")
-            return obj
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}; refusing to load it")
 
 
 class SafeReader(FileSystemReader):
-    """FileSystemReader whose metadata is unpickled with an allow-list (tensor data is
-    already read with ``weights_only=True`` by DCP)."""
+    """FileSystemReader whose metadata is unpickled with the allow-list."""
 
     def read_metadata(self, *args, **kwargs):
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-            except pickle.UnpicklingError as err:
-                raise CheckpointError(f"{self.path}: {err}") from err
-        from torch.distributed.checkpoint.metadata import StorageMeta
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
+                raise CheckpointError(f"{self.path}: unreadable checkpoint metadata: {err}") from err
+        from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{self.path}: the checkpoint metadata is a {type(metadata).__name__}, not DCP's")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -93,76 +112,111 @@ class _TensorsOnlyPlanner(DefaultLoadPlanner):
         raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn} is not a tensor; refusing to unpickle it")
 
 
-def canonical(name: str) -> str:
-    """Parameter name without wrapper prefixes (DDP's module., activation checkpointing's)."""
-    return name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
+def read_metadata(directory: str | Path):
+    directory = Path(directory)
+    if not (directory / ".metadata").is_file():
+        raise CheckpointError(f"{directory} is not a complete checkpoint (no .metadata)")
+    return SafeReader(str(directory)).read_metadata()
 
 
-def state(model: nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, int],
-          extra: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The flat tensor state of a training run (optimizer state created if still empty), plus
-    ``extra`` tensors (a communication hook's per-rank state)."""
-    core = model.module if hasattr(model, "module") else model
-    ids = getattr(core, "tokenizer").channel_ids
-    block = f"tokenizer[{int(ids[0])}:{int(ids[-1]) + 1}]." if getattr(core, "group_gather", None) is not None else "tokenizer."
-    out: dict[str, torch.Tensor] = {}
-    for name, p in model.named_parameters():
-        key = canonical(name).replace("tokenizer.", block, 1) if canonical(name).startswith("tokenizer.") else canonical(name)
-        out[f"model.{key}"] = p
-        st = optimizer.state[p]
-        if not st and p.requires_grad:  # AdamW creates its state lazily: make it, so it can be loaded into
-            st.update(step=torch.zeros(()), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-        for k, v in st.items():
-            out[f"optim.{key}.{k}"] = v
-    for k, v in counters.items():
-        out[f"trainer.{k}"] = torch.tensor(int(v))
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    out[f"rng.rank{rank}"] = torch.get_rng_state()
-    out.update(extra or {})
-    return out
+def saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
+    meta = read_metadata(directory)
+    return {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
 
 
-def save(tensors: dict[str, torch.Tensor], directory: str | Path) -> Path:
+def check_intact(directory: str | Path) -> None:
+    """Raise CheckpointError unless the metadata is readable and every data file it refers to
+    is there with all its bytes (a truncated or missing shard is found before loading)."""
+    directory = Path(directory)
+    meta = read_metadata(directory)
+    needed: dict[str, int] = {}
+    for info in (meta.storage_data or {}).values():
+        rel = str(getattr(info, "relative_path", ""))
+        needed[rel] = max(needed.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, size in sorted(needed.items()):
+        path = directory / rel
+        if not path.is_file():
+            raise CheckpointError(f"{directory}: data file {rel} is missing")
+        if path.stat().st_size < size:
+            raise CheckpointError(f"{directory}: data file {rel} is truncated ({path.stat().st_size} of {size} bytes)")
+
+
+def flatten(parts: dict[str, object]) -> dict[str, torch.Tensor]:
+    """``{part: Stateful}`` -> one flat dict of tensors ``part.key``."""
+    return {f"{name}.{k}": v for name, part in parts.items() for k, v in part.state_dict().items()}
+
+
+def restore(parts: dict[str, object], loaded: dict[str, torch.Tensor]) -> None:
+    for name, part in parts.items():
+        prefix = f"{name}."
+        part.load_state_dict({k.removeprefix(prefix): v for k, v in loaded.items() if k.startswith(prefix)})
+
+
+# -- saving and loading ----------------------------------------------------------------------------
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[str, Path | str] | None = None) -> Path:
+    """``tensors`` as a DCP checkpoint at ``directory``, with ``files`` (name -> a source path,
+    or text) beside them, made visible only once every rank has written."""
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp")
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if rank0:
+    if _rank0():
         shutil.rmtree(tmp, ignore_errors=True)
-    if dist.is_initialized():
-        dist.barrier()
-    dcp.save(tensors, checkpoint_id=str(tmp))
-    if dist.is_initialized():
-        dist.barrier()
-    if rank0:
-        shutil.rmtree(directory, ignore_errors=True)
-        tmp.rename(directory)
-    if dist.is_initialized():
-        dist.barrier()
+    _barrier()
+    try:
+        dcp.save(tensors, checkpoint_id=str(tmp))
+    except (OSError, CheckpointException) as err:  # DCP gathers every rank's failure into one exception
+        failures = [f[0] if isinstance(f, tuple) else f for f in (getattr(err, "failures", {}) or {}).values()]
+        causes = [e for e in (err, *failures) if isinstance(e, OSError)]
+        if not causes:
+            raise
+        raise CheckpointError(
+            f"cannot write checkpoint {directory}: {causes[0].strerror or causes[0]} (disk full or read-only?)"
+        ) from err
+    _barrier()
+    if _rank0():
+        try:
+            for name, content in (files or {}).items():
+                if isinstance(content, Path):
+                    if content.exists():
+                        shutil.copyfile(content, tmp / name)
+                else:
+                    (tmp / name).write_text(content)
+            shutil.rmtree(directory, ignore_errors=True)
+            tmp.rename(directory)
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"cannot write checkpoint {directory}: {err.strerror or err}") from err
+    _barrier()
     return directory
-
-
-def _saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
-    meta = SafeReader(str(directory)).read_metadata()
-    return {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
 
 
 def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
     """Raise CheckpointError listing keys missing from the checkpoint, unexpected in it, or of
     another shape, before anything is loaded."""
-    saved = _saved_shapes(directory)
+    saved = saved_shapes(directory)
     wanted = {k: tuple(v.shape) for k, v in tensors.items() if not k.startswith("rng.")}
     everyone = set(wanted)  # D-CHAG ranks hold different keys: "unexpected" is against all of them
     if dist.is_initialized() and dist.get_world_size() > 1:
-        keys: list = [None] * dist.get_world_size()
-        dist.all_gather_object(keys, sorted(wanted))
-        everyone = set().union(*keys)
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, sorted(wanted))
+        everyone = set().union(*gathered)
     missing = sorted(set(wanted) - set(saved))
     unexpected = sorted(k for k in set(saved) - everyone if not k.startswith("rng."))
     shapes = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
     if missing or unexpected or shapes:
         parts = []
         if missing:
-            parts.append("missing from the checkpoint: " + ", ".join(missing[:12]) + (" …" if len(missing) > 12 else ""))
+            parts.append(
+                "missing from the checkpoint: " + ", ".join(missing[:12]) + (" …" if len(missing) > 12 else "")
+            )
         if unexpected:
             parts.append("not in this model: " + ", ".join(unexpected[:12]) + (" …" if len(unexpected) > 12 else ""))
         if shapes:
@@ -170,90 +224,62 @@ def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) ->
         raise CheckpointError(f"checkpoint {directory} was made for another model or layout; " + "; ".join(parts))
 
 
-def load(tensors: dict[str, torch.Tensor], directory: str | Path) -> dict[str, int]:
-    """Load in place into ``tensors``; returns the trainer counters; restores this rank's RNG."""
+def load(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
+    """Load ``directory`` in place into ``tensors`` (every rank)."""
     check_compatible(tensors, directory)
     dcp.load(tensors, storage_reader=SafeReader(str(directory)), planner=_TensorsOnlyPlanner())
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if f"rng.rank{rank}" in tensors:
-        torch.set_rng_state(tensors[f"rng.rank{rank}"])
-    return {k.removeprefix("trainer."): int(v) for k, v in tensors.items() if k.startswith("trainer.")}
-
-
-def latest(directory: str | Path) -> Path | None:
-    """The newest complete step_N checkpoint in ``directory`` (temporaries are ignored)."""
-    steps = []
-    for p in Path(directory).glob("step_*"):
-        m = re.fullmatch(r"step_(\d+)", p.name)
-        if m and (p / ".metadata").exists():
-            steps.append((int(m.group(1)), p))
-    return max(steps)[1] if steps else None
-
-
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded parameters by canonical name (DTensors gathered) — for comparisons and export."""
-    return {canonical(n): (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}
-
-
-_BLOCK = re.compile(r"model\.tokenizer\[(\d+):(\d+)\]\.(.+)")
-_PER_CHANNEL = ("weight", "bias", "channel_embed")  # tokenizer parameters with a leading channel axis
 
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:
     """Load a training checkpoint's model weights into a one-device model (no process group).
 
     Tensor-parallel and FSDP parameters are read whole; D-CHAG's per-rank tokenizer blocks
-    (``tokenizer[lo:hi].*``) are put back side by side, which gives the one-device
-    hierarchical model that D-CHAG parallelizes (groups = TP size) its exact weights.
+    are put back side by side (:func:`dchag.parallel.names.consolidation`), which gives the
+    one-device hierarchical model that D-CHAG parallelizes (groups = TP size) its exact weights.
     """
     directory = Path(directory)
-    if not (directory / ".metadata").exists():
-        raise CheckpointError(f"{directory} is not a complete checkpoint (no .metadata)")
-    saved = _saved_shapes(directory)
-    blocks: dict[str, list[tuple[int, int, str]]] = {}
-    for key in saved:
-        m = _BLOCK.fullmatch(key)
-        if m:
-            blocks.setdefault(m.group(3), []).append((int(m.group(1)), int(m.group(2)), key))
-    wanted: dict[str, torch.Tensor] = {}
-    plan: dict[str, list[str]] = {}
-    problems = []
-    for name, p in model.named_parameters():
-        key = f"model.{canonical(name)}"
-        if key in saved:
-            plan[name] = [key]
-        elif name.startswith("tokenizer.") and name.removeprefix("tokenizer.") in blocks:
-            parts = sorted(blocks[name.removeprefix("tokenizer.")])
-            per_channel = name.removeprefix("tokenizer.") in _PER_CHANNEL
-            plan[name] = [k for _, _, k in parts] if per_channel else [parts[0][2]]
-            if per_channel and (parts[0][0] != 0 or parts[-1][1] != p.shape[0]
-                                or any(a[1] != b[0] for a, b in zip(parts, parts[1:]))):
-                problems.append(f"{name}: channel blocks {[(lo, hi) for lo, hi, _ in parts]} do not cover 0..{p.shape[0]}")
-        else:
-            problems.append(f"{name}: not in the checkpoint")
-            continue
-        for k in plan[name]:
-            wanted[k] = torch.empty(saved[k], dtype=p.dtype)
+    saved = {k.removeprefix("model."): v for k, v in saved_shapes(directory).items() if k.startswith("model.")}
+    plan, problems = keys.consolidation(saved, model)
     if problems:
         raise CheckpointError(f"checkpoint {directory} does not fit this model: " + "; ".join(problems[:8]))
+    dtypes = {keys.canonical(n): p.dtype for n, p in model.named_parameters()}
+    wanted = {f"model.{k}": torch.empty(saved[k], dtype=dtypes[name]) for name, ks in plan.items() for k in ks}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         dcp.load(wanted, storage_reader=SafeReader(str(directory)), planner=_TensorsOnlyPlanner(), no_dist=True)
+    values = keys.assemble(plan, {k.removeprefix("model."): v for k, v in wanted.items()})
     with torch.no_grad():
         for name, p in model.named_parameters():
-            value = torch.cat([wanted[k] for k in plan[name]]) if len(plan[name]) > 1 else wanted[plan[name][0]]
+            value = values[keys.canonical(name)]
             if tuple(value.shape) != tuple(p.shape):
-                raise CheckpointError(f"checkpoint {directory}: {name} has shape {tuple(value.shape)}, the model {tuple(p.shape)}")
+                raise CheckpointError(
+                    f"checkpoint {directory}: {name} has shape {tuple(value.shape)}, the model {tuple(p.shape)}"
+                )
             p.copy_(value)
 
 
-# -- the training loop's checkpoint policy ---------------------------------------------------
+# -- what a run's checkpoints depend on ----------------------------------------------------------
 # Settings that change neither the model, the data order nor the optimiser's state: a run
-# whose config differs from its checkpoints' only in these resumes from them.
-RESUMABLE = {"train.steps", "train.checkpoint_every", "train.val_every", "train.val_batches", "train.num_workers",
-             "train.prefetch_factor", "train.cache_mb", "train.measure_comm", "train.measure_memory", "train.tensorboard",
-             "train.max_restarts", "train.gpus_per_node", "parallel.activation_checkpointing",
-             "parallel.fsdp_reshard_after_forward"}
+# whose fingerprint differs from its checkpoints' only in these resumes from them.
+RESUMABLE = {
+    "train.steps",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.val_every",
+    "train.val_batches",
+    "train.num_workers",
+    "train.prefetch_factor",
+    "train.cache_mb",
+    "train.measure_comm",
+    "train.measure_memory",
+    "train.tensorboard",
+    "train.max_restarts",
+    "train.gpus_per_node",
+    "train.runtime",
+    "train.mem_mb",
+    "parallel.activation_checkpointing",
+    "parallel.fsdp_reshard_after_forward",
+}
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -266,26 +292,50 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def fingerprint(cfg) -> dict:
-    """What a run's checkpoints depend on: the task, its dataset section, model, parallel and
-    train settings (dotted keys), less the RESUMABLE ones. ``cfg``: a RunSettings."""
-    from dataclasses import asdict
-
-    data = {"era5": cfg.era5} if cfg.task == "forecast" else {"hsi": cfg.hsi}
+def fingerprint(cfg, data: dict) -> dict:
+    """What a run's checkpoints depend on, as dotted keys: the task, the data it reads
+    (``data``: the task's signature of its stores — their channels or bands, sizes and
+    normalisation, not the config that made them), the model, parallel and train settings,
+    less the RESUMABLE ones. ``cfg``: a RunSettings."""
     train = {k: v for k, v in asdict(cfg.train).items() if k != "runs"}
-    flat = _flatten({"task": cfg.task, **data, "model": asdict(cfg.model), "parallel": asdict(cfg.parallel), "train": train})
+    flat = _flatten(
+        {"task": cfg.task, "data": data, "model": asdict(cfg.model), "parallel": asdict(cfg.parallel), "train": train}
+    )
     return json.loads(json.dumps({k: v for k, v in flat.items() if k not in RESUMABLE}, default=str))
 
 
-def changed_keys(old: dict | None, new: dict) -> list[str]:
-    """'key: old -> new' for every key that differs (all, when there is no readable record)."""
-    if old is None:
-        return ["no readable record of the checkpoints' configuration"]
-    return [f"{k}: {old.get(k, '(absent)')} -> {new.get(k, '(absent)')}" for k in sorted(set(old) | set(new))
-            if old.get(k) != new.get(k)]
+def _schema_default(key: str):
+    from ..config import schema_default
+
+    try:
+        return json.loads(json.dumps(schema_default(key), default=str))
+    except KeyError:
+        return _NO_DEFAULT
 
 
-def _read_record(path: Path) -> dict | None:
+_NO_DEFAULT = object()
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    """'key: old -> new' for every key whose value differs. A key the old record lacks counts
+    as its schema default (an older dchag, before the key existed, behaved as the default
+    does); a key the new one lacks is no longer a setting and does not count."""
+
+    def short(v) -> str:
+        text = json.dumps(v)
+        return text if len(text) <= 60 else text[:50] + "…"
+
+    out = []
+    for k in sorted(new):
+        before = old[k] if k in old else _schema_default(k)
+        if before is _NO_DEFAULT:
+            out.append(f"{k}: (absent) -> {short(new[k])}")
+        elif before != new[k]:
+            out.append(f"{k}: {short(before)} -> {short(new[k])}")
+    return out
+
+
+def _read_json(path: Path) -> dict | None:
     try:
         out = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -293,41 +343,135 @@ def _read_record(path: Path) -> dict | None:
     return out if isinstance(out, dict) else None
 
 
-class CheckpointManager:
-    """A run's checkpoints: ``<run>/checkpoints/step_N`` every ``every`` steps and ``<run>/final``.
+# -- the training loop's checkpoint policy -----------------------------------------------------------
+FINGERPRINT = "fingerprint.json"
+LEGACY_STAMP = "run_config.json"  # checkpoints/run_config.json of dchag before per-checkpoint fingerprints
+HISTORY = ("log.csv", "ranks.csv")
+_STEP = re.compile(r"step_(\d+)")
 
-    ``prepare()`` (every rank, once) removes checkpoints of another configuration, naming the
-    keys that changed, and records this one's; ``latest()`` is the newest complete step
-    checkpoint to resume from.
+
+class CheckpointManager:
+    """A run's checkpoints: ``<run>/checkpoints/step_N`` every ``every`` steps (the newest
+    ``keep`` of them kept; None: all) and ``<run>/final``.
+
+    :meth:`prepare` (every rank, once, under the run lock) removes the temporaries of dead
+    writers and moves aside (never deletes) checkpoints of another configuration, naming the
+    keys that changed, and damaged ones, naming what is wrong; :meth:`resume` loads the newest
+    checkpoint at or before the run's last step into the run's parts.
     """
 
-    def __init__(self, run_dir: str | Path, record: dict, every: int, rank: int):
-        self.directory = Path(run_dir) / "checkpoints"
-        self.final_dir = Path(run_dir) / "final"
-        self.record, self.every, self.rank = record, every, rank
+    def __init__(
+        self,
+        run_dir: str | Path,
+        record: dict,
+        every: int,
+        keep: int | None,
+        rank: int,
+        parts: dict[str, object],
+        history: dict[str, Path] | None = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.directory = self.run_dir / "checkpoints"
+        self.final_dir = self.run_dir / "final"
+        self.record, self.every, self.keep, self.rank = record, every, keep, rank
+        self.parts = parts
+        self.history = history or {}
+
+    # -- bookkeeping (rank 0) --------------------------------------------------------------------
+    def steps(self) -> list[tuple[int, Path]]:
+        found = []
+        for p in self.directory.glob("step_*") if self.directory.is_dir() else []:
+            m = _STEP.fullmatch(p.name)
+            if m and p.is_dir():
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def _stamp(self, path: Path) -> dict | None:
+        """The checkpoint's fingerprint (an older dchag's: the run's stamp); raises
+        CheckpointError if its fingerprint file is damaged."""
+        if (path / FINGERPRINT).exists():
+            stamp = _read_json(path / FINGERPRINT)
+            if stamp is None:
+                raise CheckpointError(f"{path / FINGERPRINT} is not readable JSON")
+            return stamp
+        return _read_json(self.directory / LEGACY_STAMP)
+
+    def _move_aside(self, paths: list[Path], why: str) -> Path:
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        dest = self.run_dir / "superseded" / stamp
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = self.run_dir / "superseded" / f"{stamp}-{n}"
+        dest.mkdir(parents=True)
+        for p in paths:
+            p.rename(dest / p.name)
+        (dest / "why.txt").write_text(why + "\n")
+        return dest
 
     def prepare(self) -> None:
         if self.rank == 0:
-            stamp = self.directory / "run_config.json"
-            if self.directory.exists():
-                changed = changed_keys(_read_record(stamp), self.record)
+            for tmp in [*self.directory.glob(".step_*.tmp"), self.run_dir / ".final.tmp"]:
+                shutil.rmtree(tmp, ignore_errors=True)  # a dead writer's (the run lock is ours)
+            damaged, other = [], {}
+            for _, path in self.steps():
+                try:
+                    check_intact(path)
+                    stamp = self._stamp(path)
+                except CheckpointError as err:
+                    damaged.append((path, str(err)))
+                    continue
+                changed = changed_keys(stamp, self.record) if stamp is not None else ["no record of it"]
                 if changed:
-                    print(f"{self.directory} holds checkpoints of another configuration ({'; '.join(changed)}); "
-                          "starting afresh", flush=True)
-                    shutil.rmtree(self.directory)
+                    other[path] = changed
+            for path, why in damaged:
+                dest = self._move_aside([path], f"damaged: {why}")
+                log.warning(
+                    f"checkpoint {path} is damaged ({why}); moved it to {dest} and resume from the previous "
+                    "complete one"
+                )
+            if other:
+                changes = next(iter(other.values()))
+                why = f"another configuration ({'; '.join(changes)})"
+                dest = self._move_aside(list(other), why)
+                log.info(f"{self.directory} holds checkpoints of {why}; moved them to {dest}; starting afresh")
+            if self.directory.is_dir() and not self.steps():
+                (self.directory / LEGACY_STAMP).unlink(missing_ok=True)
             self.directory.mkdir(parents=True, exist_ok=True)
-            stamp.write_text(json.dumps(self.record, sort_keys=True, indent=1))
-        if dist.is_initialized():
-            dist.barrier()
+        _barrier()
 
-    def latest(self) -> Path | None:
-        return latest(self.directory)
+    def latest(self, last_step: int) -> Path | None:
+        """The newest checkpoint at or before ``last_step`` (later ones, from a longer run, are
+        kept but not used)."""
+        usable = [(s, p) for s, p in self.steps() if s <= last_step]
+        later = [p.name for s, p in self.steps() if s > last_step]
+        if later and self.rank == 0:
+            log.warning(f"train.steps is {last_step}: checkpoint(s) {', '.join(later)} lie beyond it and are not used")
+        return usable[-1][1] if usable else None
+
+    # -- saving and loading ------------------------------------------------------------------------
+    def _files(self) -> dict[str, Path | str]:
+        return {FINGERPRINT: json.dumps(self.record, sort_keys=True, indent=1), **self.history}
 
     def due(self, step: int, total: int) -> bool:
         return step % self.every == 0 and step < total
 
-    def save_step(self, tensors: dict[str, torch.Tensor], step: int) -> Path:
-        return save(tensors, self.directory / f"step_{step}")
+    def save_step(self, step: int) -> Path:
+        path = save(flatten(self.parts), self.directory / f"step_{step}", self._files())
+        if self.rank == 0 and self.keep is not None:
+            older = [p for s, p in self.steps() if s < step]
+            for p in older[: max(0, len(older) - (self.keep - 1))]:
+                shutil.rmtree(p, ignore_errors=True)
+        return path
 
-    def save_final(self, tensors: dict[str, torch.Tensor]) -> Path:
-        return save(tensors, self.final_dir)
+    def save_final(self) -> Path:
+        return save(flatten(self.parts), self.final_dir, self._files())
+
+    def resume(self, last_step: int) -> Path | None:
+        """Load the newest usable checkpoint into the parts; returns it (None: start afresh)."""
+        path = self.latest(last_step)
+        if path is not None:
+            loaded = flatten(self.parts)
+            load(loaded, path)
+            restore(self.parts, loaded)
+        return path

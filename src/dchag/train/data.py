@@ -52,35 +52,55 @@ class ForecastDataset(Dataset):
     """ERA5 forecasting pairs: inputs at t (the rank's channels), targets at t + lead (the
     output channels), lead drawn uniformly from the configured multiples of the time step."""
 
-    def __init__(self, store: str | Path, channels: list[str], rank_channels: list[int], outputs: list[str],
-                 lead_hours: tuple[int, int], seed: int, cache_bytes: int = 0):
+    def __init__(
+        self,
+        store: str | Path,
+        channels: list[str],
+        rank_channels: list[int],
+        outputs: list[str],
+        lead_hours: tuple[int, int],
+        seed: int,
+        cache_bytes: int = 0,
+    ):
         self.store = str(store)
         self.data = open_array(store, "data")
         attrs = _attrs(store)
         index = select_channels(attrs["channel_names"], channels, store)
         self.in_ids = [index[c] for c in rank_channels]
-        if self.in_ids != list(range(self.in_ids[0], self.in_ids[-1] + 1)):
-            raise DataError(f"the model's channels are not a contiguous block of {store}; reorder config channels")
+        contiguous = self.in_ids == list(range(self.in_ids[0], self.in_ids[-1] + 1))
+        # a block of the store's channels is one slice; a run's channel subset is a selection
+        self.in_sel = slice(self.in_ids[0], self.in_ids[-1] + 1) if contiguous else self.in_ids
         self.out_ids = select_channels(attrs["channel_names"], outputs, store)
         times = self._times()
-        step_h = int(round((times[1] - times[0]) / pd.Timedelta(hours=1))) if len(times) > 1 else 0
+        step_h = time_step_hours(times, store)
         lo, hi = lead_hours
         if step_h <= 0 or lo % step_h or hi % step_h or lo < step_h or hi < lo:
-            raise DataError(f"lead times {lo}-{hi} h must be positive multiples of the data's {step_h} h time step ({store})")
+            raise DataError(
+                f"lead times {lo}-{hi} h must be positive multiples of the data's {step_h} h time step ({store})"
+            )
         span = (len(times) - 1) * step_h
         if hi > span:
-            raise DataError(f"lead time {hi} h is beyond the data's range: {store} spans {span} h ({times[0]} to {times[-1]})")
+            raise DataError(
+                f"lead time {hi} h is beyond the data's range: {store} spans {span} h ({times[0]} to {times[-1]})"
+            )
         self.step_h = step_h
         self.leads = np.arange(lo, hi + 1, step_h)
-        self.count = len(times) - hi // step_h
+        # Pairs by timestamp: a sample is an initial time whose every lead's target is in the
+        # store, so no pair spans a gap (missing steps, years that do not follow each other).
+        self.anchors, self.targets = lead_pairs(times, self.leads)
+        self.count = len(self.anchors)
+        if self.count == 0:
+            raise DataError(
+                f"{store} has no initial time with a target at every lead up to {hi} h "
+                f"(its {len(times)} steps have gaps)"
+            )
         self.seed = seed
         self.epoch = 0
         # the rank's inputs and the outputs, in memory when they fit (reading a batch from Zarr
         # costs a chunk per sample, channel and time step)
-        self.lo, self.hi = self.in_ids[0], self.in_ids[-1] + 1
         self.x_mem = self.y_mem = None
-        if _block_bytes(self.data, self.hi - self.lo + len(self.out_ids)) <= cache_bytes:
-            self.x_mem = np.asarray(self.data[:, self.lo:self.hi], dtype=np.float32)
+        if _block_bytes(self.data, len(self.in_ids) + len(self.out_ids)) <= cache_bytes:
+            self.x_mem = np.asarray(self.data.get_orthogonal_selection((slice(None), self.in_sel)), dtype=np.float32)
             self.y_mem = np.asarray(self.data.get_orthogonal_selection((slice(None), self.out_ids)), dtype=np.float32)
 
     def _times(self):
@@ -93,8 +113,11 @@ class ForecastDataset(Dataset):
         return self.count
 
     def lead_of(self, index: int) -> int:
+        return int(self.leads[self._lead_index(index)])
+
+    def _lead_index(self, index: int) -> int:
         rng = np.random.default_rng([self.seed, self.epoch, index])
-        return int(rng.choice(self.leads))
+        return int(rng.integers(len(self.leads)))
 
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
@@ -102,30 +125,42 @@ class ForecastDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> list[tuple]:
         """A batch from memory, or in two Zarr reads (inputs, targets) instead of two per
         sample; the DataLoader uses this when batching."""
-        leads = [self.lead_of(i) for i in indices]
-        now = np.asarray(indices)
-        later = np.asarray([i + lead // self.step_h for i, lead in zip(indices, leads)])
+        which = [self._lead_index(i) for i in indices]
+        leads = [int(self.leads[k]) for k in which]
+        now = self.anchors[np.asarray(indices)]
+        later = np.asarray([self.targets[k, i] for i, k in zip(indices, which)])
         if self.x_mem is not None:
             x, y = self.x_mem[now], self.y_mem[later]
         else:
-            x = np.asarray(self.data.get_orthogonal_selection((now, slice(self.lo, self.hi))), dtype=np.float32)
+            x = np.asarray(self.data.get_orthogonal_selection((now, self.in_sel)), dtype=np.float32)
             y = np.asarray(self.data.get_orthogonal_selection((later, self.out_ids)), dtype=np.float32)
-        return [(torch.from_numpy(x[k]), torch.tensor(float(lead)), torch.from_numpy(y[k])) for k, lead in enumerate(leads)]
+        return [
+            (torch.from_numpy(x[k]), torch.tensor(float(lead)), torch.from_numpy(y[k])) for k, lead in enumerate(leads)
+        ]
 
 
 class SampleDataset(Dataset):
     """Hyperspectral patches (with labels) or tiles, one split group of a store, the rank's bands."""
 
-    def __init__(self, store: str | Path, split: str, var: str, rank_bands: list[int], num_bands: int | None = None,
-                 cache_bytes: int = 0):
+    def __init__(
+        self,
+        store: str | Path,
+        split: str,
+        var: str,
+        rank_bands: list[int],
+        num_bands: int | None = None,
+        cache_bytes: int = 0,
+    ):
         self.array = open_array(store, f"{split}/{var}")
         total = self.array.shape[1]
         if num_bands is not None and num_bands != total:
             raise DataError(f"{store} ({split}) has {total} bands, the model expects {num_bands}")
         self.lo, self.hi = rank_bands[0], rank_bands[-1] + 1
-        self.labels = np.asarray(open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
+        self.labels = (
+            np.asarray(open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
+        )
         fits = _block_bytes(self.array, self.hi - self.lo) <= cache_bytes
-        self.x_mem = np.asarray(self.array[:, self.lo:self.hi], dtype=np.float32) if fits else None
+        self.x_mem = np.asarray(self.array[:, self.lo : self.hi], dtype=np.float32) if fits else None
 
     def __len__(self) -> int:
         return self.array.shape[0]
@@ -138,10 +173,36 @@ class SampleDataset(Dataset):
         if self.x_mem is not None:
             x = self.x_mem[np.asarray(indices)]
         else:
-            x = np.asarray(self.array.get_orthogonal_selection((np.asarray(indices), slice(self.lo, self.hi))), dtype=np.float32)
+            x = np.asarray(
+                self.array.get_orthogonal_selection((np.asarray(indices), slice(self.lo, self.hi))), dtype=np.float32
+            )
         if self.labels is None:
             return [(torch.from_numpy(x[k]),) for k in range(len(indices))]
         return [(torch.from_numpy(x[k]), torch.tensor(self.labels[i])) for k, i in enumerate(indices)]
+
+
+def time_step_hours(times: pd.DatetimeIndex, store) -> int:
+    """The time axis's step in hours: the smallest difference; every difference must be a
+    multiple of it (a gap is missing steps, not another step)."""
+    if len(times) < 2:
+        return 0
+    diffs = np.diff(times.values).astype("timedelta64[m]").astype(np.int64)
+    step = int(diffs.min())
+    if step <= 0 or step % 60:
+        raise DataError(f"{store}: its time axis is not increasing in whole hours (smallest step {step} min)")
+    if np.any(diffs % step):
+        raise DataError(f"{store}: its time steps are not multiples of {step // 60} h")
+    return step // 60
+
+
+def lead_pairs(times: pd.DatetimeIndex, leads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(anchors, targets): the indices of the times whose every lead (hours) is in ``times``,
+    and for each lead (rows) and sample (columns) the index of its target time."""
+    t = times.values.astype("datetime64[h]").astype(np.int64)
+    idx = np.stack([np.searchsorted(t, t + int(lead)) for lead in leads])
+    ok = np.all((idx < len(t)) & (t[np.minimum(idx, len(t) - 1)] == t[None, :] + leads[:, None]), axis=0)
+    anchors = np.flatnonzero(ok)
+    return anchors, idx[:, anchors]
 
 
 def store_info(store: str | Path, group: str = "") -> dict:
@@ -161,11 +222,13 @@ class ResumableSampler(Sampler[int]):
         self.start = 0
 
     def indices(self, epoch: int) -> list[int]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.size) if self.shuffle else np.arange(self.size)
-        return order[: self.per_rank * self.dp_size][self.dp_rank::self.dp_size].tolist()
+        order = (
+            np.random.default_rng([self.seed, epoch]).permutation(self.size) if self.shuffle else np.arange(self.size)
+        )
+        return order[: self.per_rank * self.dp_size][self.dp_rank :: self.dp_size].tolist()
 
     def __iter__(self):
-        return iter(self.indices(self.epoch)[self.start:])
+        return iter(self.indices(self.epoch)[self.start :])
 
     def __len__(self) -> int:
         return self.per_rank - self.start

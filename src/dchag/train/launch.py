@@ -7,11 +7,14 @@ every task derives the same rendezvous (head node, job id, node count) from Slur
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+
+log = logging.getLogger(__name__)
 
 RDZV_BASE_PORT = 29500
 
@@ -50,8 +53,13 @@ def slurm_head_node(env: dict) -> str:
     return expand_hostlist(nodelist)[0]
 
 
-def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[str], env: dict | None = None,
-                     module: tuple[str, ...] = ("dchag", "train")) -> list[str]:
+def torchrun_command(
+    nproc_per_node: int,
+    max_restarts: int,
+    train_args: list[str],
+    env: dict | None = None,
+    module: tuple[str, ...] = ("dchag", "train"),
+) -> list[str]:
     """torchrun running ``python -m <module...> <train_args>`` on every rank."""
     env = dict(os.environ if env is None else env)
     cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
@@ -59,8 +67,12 @@ def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[st
     # One node (a laptop, or a one-node Slurm job): standalone picks a free port, so several
     # training jobs can share a node.
     if nnodes > 1 and "SLURM_JOB_ID" in env and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
-        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={slurm_head_node(env)}:{rendezvous_port(env)}",
-                f"--rdzv-id={env['SLURM_JOB_ID']}"]
+        cmd += [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={slurm_head_node(env)}:{rendezvous_port(env)}",
+            f"--rdzv-id={env['SLURM_JOB_ID']}",
+        ]
     else:
         cmd += ["--standalone"]
     return [*cmd, "-m", *module, *train_args]
@@ -69,19 +81,33 @@ def torchrun_command(nproc_per_node: int, max_restarts: int, train_args: list[st
 # The thread counts of the math libraries torch may use. Snakemake exports all of them as the
 # job's threads, and torchrun passes them to every rank unchanged (it only sets
 # OMP_NUM_THREADS=1 when none is set): with N ranks that oversubscribes the cores N times.
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-               "NUMEXPR_NUM_THREADS")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def rank_thread_env(env: dict, threads_per_rank: int) -> dict:
     return {**env, **{k: str(threads_per_rank) for k in THREAD_VARS}}
 
 
-def launch(nproc_per_node: int, max_restarts: int, train_args: list[str], threads_per_rank: int | None = None,
-           module: tuple[str, ...] = ("dchag", "train")) -> None:
+def launch(
+    nproc_per_node: int,
+    max_restarts: int,
+    train_args: list[str],
+    threads_per_rank: int | None = None,
+    module: tuple[str, ...] = ("dchag", "train"),
+) -> None:
+    from .lock import LAUNCHER_PID
+
     cmd = torchrun_command(nproc_per_node, max_restarts, train_args, module=module)
     env = rank_thread_env(dict(os.environ), threads_per_rank) if threads_per_rank else dict(os.environ)
-    print(" ".join(cmd[:6]), "...", f"({threads_per_rank} threads per rank)" if threads_per_rank else "", flush=True)
+    env[LAUNCHER_PID] = str(os.getpid())  # torchrun runs in this process (exec): its workers' parent
+    log.info("%s ...%s", " ".join(cmd[:6]), f" ({threads_per_rank} threads per rank)" if threads_per_rank else "")
     if shutil.which(cmd[0], path=env.get("PATH")) is None:  # torch is installed, its script is not on PATH
         cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:]]
     os.execvpe(cmd[0], cmd, env)

@@ -2,7 +2,7 @@
 
 On a GPU: the caching allocator's peak (torch.cuda.max_memory_allocated). On the CPU the
 process's peak RSS says nothing about a step (allocator caching, the interpreter, libraries;
-see CONVENTIONS.md), so one step is run under torch's MemTracker, which follows every
+see docs/conventions.md), so one step is run under torch's MemTracker, which follows every
 tensor's storage and attributes it to parameters, buffers, gradients, optimizer state and
 activations (+ temporaries).
 """
@@ -50,13 +50,15 @@ def step_peak(device: torch.device, *tracked: nn.Module | torch.optim.Optimizer)
         for kind, nbytes in dev_stats.items():
             per[str(kind)] = per.get(str(kind), 0) + nbytes
     get = lambda *kinds: sum(per.get(str(k), 0) for k in kinds) / MIB  # noqa: E731
-    result.update({
-        "total": per.get("Total", sum(v for k, v in per.items() if k != "Total")) / MIB,
-        "parameters": get(_MemRefType.PARAM, _MemRefType.BUFFER),
-        "gradients": get(_MemRefType.GRAD),
-        "optimizer": get(_MemRefType.OPT),
-        "activations": get(_MemRefType.ACT, _MemRefType.TEMP),
-    })
+    result.update(
+        {
+            "total": per.get("Total", sum(v for k, v in per.items() if k != "Total")) / MIB,
+            "parameters": get(_MemRefType.PARAM, _MemRefType.BUFFER),
+            "gradients": get(_MemRefType.GRAD),
+            "optimizer": get(_MemRefType.OPT),
+            "activations": get(_MemRefType.ACT, _MemRefType.TEMP),
+        }
+    )
 
 
 class _NoHook:

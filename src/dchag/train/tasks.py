@@ -13,26 +13,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from ..config import ConfigError, RunSettings, Settings
-from ..era5.source import channel_names, forecast_outputs
-from ..grids import weatherbench_grid
+from ..config import ConfigError, RunSettings
+from ..era5.source import forecast_model_config, forecast_outputs, run_channels
 from ..model import ModelConfig, random_masking
 from ..model.build import model_config
+from ..parallel.collectives import gather_channels
 from .data import ForecastDataset, SampleDataset, open_array, store_info
 
-def era5_model_config(cfg: Settings, in_channels: int | None = None, img_size: tuple[int, int] | None = None) -> ModelConfig:
-    """The forecasting model of a config with an ``era5`` section: its channels and grid unless
-    given (the cost model and describe-model count other channel numbers and image sizes)."""
-    if cfg.era5 is None and (in_channels is None or img_size is None):
-        raise ConfigError("cannot tell the model's channels and image size: the config has no era5 section "
-                          "(give the channel count and image size)")
-    names = channel_names(cfg.era5) if cfg.era5 is not None else []
-    shape = weatherbench_grid(cfg.era5["grid"]).shape if cfg.era5 is not None else None
-    outputs = [names.index(n) for n in forecast_outputs(cfg.train.forecast.outputs, names) if n in names]
-    channels = in_channels or len(names)
-    return model_config(cfg, "forecast", channels, img_size or shape, out_channels=[o for o in outputs if o < channels])
+
+def _rounded(values) -> list:
+    """float values for a fingerprint: 7 significant digits (float32's), NaN as None."""
+    return [float(f"{v:.7g}") if np.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).ravel()]
 
 
 def training_lat_weights(lat: np.ndarray) -> torch.Tensor:
@@ -49,23 +41,6 @@ def patchwise_mse(pred: torch.Tensor, target: torch.Tensor, p: int) -> torch.Ten
     return d.reshape(b, c, h // p, p, w // p, p).mean(dim=(1, 3, 5)).reshape(b, -1)
 
 
-def gather_channels(x: torch.Tensor, group) -> torch.Tensor:
-    """All channels from every TP rank's block (uneven blocks padded for the collective): the
-    masked autoencoder reconstructs every channel, while each rank reads only its own. Every
-    tensor of the collective lies on ``x``'s device."""
-    if group is None or dist.get_world_size(group) == 1:
-        return x
-    world = dist.get_world_size(group)
-    sizes = [torch.zeros((), dtype=torch.long, device=x.device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor(x.shape[1], device=x.device), group=group)
-    counts = [int(n) for n in sizes]
-    padded = x.new_zeros(x.shape[0], max(counts), *x.shape[2:])
-    padded[:, : x.shape[1]] = x
-    parts = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(parts, padded.contiguous(), group=group)
-    return torch.cat([part[:, :n] for part, n in zip(parts, counts)], dim=1)
-
-
 class Task:
     """One training task. Subclasses set ``model_cfg`` and implement :meth:`dataset` and
     :meth:`loss`; ``stores`` maps "train" / "val" to the stores read."""
@@ -80,13 +55,26 @@ class Task:
     def dataset(self, split: str, rank_channels: list[int], seed: int) -> torch.utils.data.Dataset:
         raise NotImplementedError
 
+    def data_signature(self) -> dict:
+        """What the training store holds, as far as a run's result depends on it (its
+        channels or bands, sample shape and count, normalisation): a checkpoint is resumed only
+        on the same data, however the config that made the store was written."""
+        raise NotImplementedError
+
     @property
     def cache_bytes(self) -> int:
         """train.cache_mb in bytes: the datasets' in-memory limit per rank."""
         return int(self.cfg.train.cache_mb * 2**20)
 
-    def loss(self, model, batch: list[torch.Tensor], step: int, seed: int, channel_group,
-             active_groups: list[int] | None = None) -> tuple[torch.Tensor, dict]:
+    def loss(
+        self,
+        model,
+        batch: list[torch.Tensor],
+        step: int,
+        seed: int,
+        channel_group,
+        active_groups: list[int] | None = None,
+    ) -> tuple[torch.Tensor, dict]:
         """The loss of ``batch`` and extra validation metrics (name -> float)."""
         raise NotImplementedError
 
@@ -99,12 +87,14 @@ class ForecastTask(Task):
 
     def __init__(self, cfg: RunSettings, stores: dict[str, Path]):
         super().__init__(cfg, stores)
-        self.channels = channel_names(cfg.era5)
+        self.channels = run_channels(cfg)
         self.outputs = forecast_outputs(cfg.train.forecast.outputs, self.channels)
         missing = [o for o in self.outputs if o not in self.channels]
         if missing:
-            raise ConfigError(f"config key 'train.forecast.outputs': {missing} are not input channels ({', '.join(self.channels)})")
-        self.model_cfg = era5_model_config(cfg)
+            raise ConfigError(
+                f"config key 'train.forecast.outputs': {missing} are not input channels ({', '.join(self.channels)})"
+            )
+        self.model_cfg = forecast_model_config(cfg)
         self._weights: torch.Tensor | None = None
 
     @property
@@ -113,10 +103,24 @@ class ForecastTask(Task):
             self._weights = training_lat_weights(np.asarray(open_array(self.stores["train"], "lat")[:]))
         return self._weights
 
+    def data_signature(self) -> dict:
+        from ..store import open_zarr
+
+        with open_zarr(self.stores["train"]) as ds:
+            times = ds.time.values
+            return {
+                "channels": list(ds.attrs["channel_names"]),
+                "shape": list(ds["data"].shape),
+                "times": [str(times[0]), str(times[-1])],
+                "mean": _rounded(ds["mean"].values),
+                "std": _rounded(ds["std"].values),
+            }
+
     def dataset(self, split, rank_channels, seed):
         lead = tuple(self.cfg.train.forecast.lead_hours)
-        return ForecastDataset(self.stores[split], self.channels, rank_channels, self.outputs, lead, seed,
-                               cache_bytes=self.cache_bytes)
+        return ForecastDataset(
+            self.stores[split], self.channels, rank_channels, self.outputs, lead, seed, cache_bytes=self.cache_bytes
+        )
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
         x, lead, y = batch
@@ -139,14 +143,35 @@ class _HsiTask(Task):
             meta = np.asarray(open_array(store, "train/wavelength")[:])
             wavelengths = meta.tolist() if np.all(np.isfinite(meta)) else None
         self.class_names = self.info.get("class_names", [])
-        self.model_cfg = model_config(cfg, self.name, bands, (h, w), num_classes=self._classes(), wavelengths=wavelengths)
+        self.model_cfg = model_config(
+            cfg.model, cfg.parallel.tp, self.name, bands, (h, w), num_classes=self._classes(), wavelengths=wavelengths
+        )
 
     def _classes(self) -> int:
         return 0
 
+    def wavelengths(self) -> list[float | None]:
+        """The band centres (nm) of the training store (None where unknown)."""
+        values = np.asarray(open_array(self.stores["train"], "train/wavelength")[:], np.float64)
+        return [float(v) if np.isfinite(v) else None for v in values]
+
+    def data_signature(self) -> dict:
+        store = self.stores["train"]
+        out = {
+            "shape": list(open_array(store, f"train/{self.var}").shape),
+            "val_samples": open_array(store, f"val/{self.var}").shape[0],
+        }
+        for name in ("mean", "std", "wavelength"):
+            out[name] = _rounded(open_array(store, f"train/{name}")[:])
+        out.update(
+            {k: self.info.get(k) for k in ("kept_bands_1based", "split_method", "split_seed", "split_fractions")}
+        )
+        return out
+
     def dataset(self, split, rank_channels, seed):
-        return SampleDataset(self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels,
-                             cache_bytes=self.cache_bytes)
+        return SampleDataset(
+            self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels, cache_bytes=self.cache_bytes
+        )
 
 
 class MaeTask(_HsiTask):
@@ -167,10 +192,10 @@ class MaeTask(_HsiTask):
         return per_patch.mean(), {}
 
 
-class ClassifyTask(_HsiTask):
+class ClassificationTask(_HsiTask):
     """Patch classification: cross-entropy; validation accuracy."""
 
-    name, var = "classify", "patches"
+    name, var = "classification", "patches"
 
     def _classes(self) -> int:
         return len(self.class_names)
@@ -178,10 +203,12 @@ class ClassifyTask(_HsiTask):
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
         x, label = batch
         logits = model(x, active_groups=active_groups)
-        return torch.nn.functional.cross_entropy(logits, label), {"accuracy": (logits.argmax(-1) == label).float().mean().item()}
+        return torch.nn.functional.cross_entropy(logits, label), {
+            "accuracy": (logits.argmax(-1) == label).float().mean().item()
+        }
 
 
-TASKS: dict[str, type[Task]] = {t.name: t for t in (ForecastTask, MaeTask, ClassifyTask)}
+TASKS: dict[str, type[Task]] = {t.name: t for t in (ForecastTask, MaeTask, ClassificationTask)}
 
 
 def build_task(cfg: RunSettings, stores: dict[str, Path]) -> Task:

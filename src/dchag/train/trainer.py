@@ -4,10 +4,14 @@ layout, assembled from components as torchtitan's trainer is:
 * the task (``tasks.py``): stores, model shape, loss, validation metric;
 * the parallelized model (``dchag.parallel``) over the ("dp", "tp") device mesh;
 * the train step (``step.py``): forward, backward, clipping, optimizer, schedule, rotation;
-* the metrics logger (``metrics.py``): CSV logs, TensorBoard, progress bar, opt-in instruments;
-* the checkpoint manager (``checkpoint.py``): save every N steps and at the end, resume a
-  restarted group (torchrun --max-restarts) from the newest checkpoint, replaying exactly the
-  batches an uninterrupted run would have seen.
+  a non-finite loss or gradient norm stops the run before the update;
+* the metrics logger and the step's instruments (``metrics.py``): CSV logs, TensorBoard, a
+  progress bar, opt-in timing and memory tracking;
+* the checkpoint manager (``checkpoint.py``) over the run's stateful parts (``state.py``):
+  save every N steps and at the end, resume a restarted group (torchrun --max-restarts) from
+  the newest checkpoint, replaying exactly the batches an uninterrupted run would have seen,
+  its logs restored from the checkpoint;
+* the run lock (``lock.py``): one writer per run directory.
 
 Collectives: every tensor handed to a collective lies on the training device (``self.device``:
 the GPU under NCCL, the CPU under gloo); see ``dchag.parallel.dims.init_distributed``.
@@ -15,29 +19,36 @@ the GPU under NCCL, the CPU under gloo); see ``dchag.parallel.dims.init_distribu
 
 from __future__ import annotations
 
-import contextlib
+import json
+import logging
 import math
+import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from .. import jsonio
-from .. import provenance
-from ..config import ConfigError, run_settings
+from .. import jsonio, provenance
+from ..config import ConfigError, run_settings, settings
+from ..errors import DchagError
 from ..model import ChannelViT
 from ..parallel import ParallelDims, init_distributed, parallelize_model
+from ..parallel.names import unwrap
 from ..parallel.parallelize import autocast, resolve_precision
 from . import checkpoint as ckpt
+from . import finetune, state
 from .data import DataError, ResumableSampler
-from .memory import step_peak
-from .metrics import CommTimer, MetricsLogger, StepTimes, gather_rank_values
-from .step import TrainStep, param_groups
-from ..plan import default_stores
+from .lock import RunLock, die_with_parent
+from .metrics import MetricsLogger, StepInstruments, gather_rank_values
+from .step import NonFiniteError, TrainStep, param_groups
 from .tasks import build_task
+
+log = logging.getLogger(__name__)
+
+ERROR_FILE = ".error.json"  # a user error of this torchrun launch: its restarts end at once
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -55,44 +66,93 @@ def _collate(items):
 
 
 class Trainer:
-    def __init__(self, config: dict, run: str, outdir: str | Path, stores: dict[str, str | Path] | None = None):
+    def __init__(
+        self,
+        config: dict,
+        run: str,
+        outdir: str | Path,
+        stores: dict[str, str | Path],
+        init_from: str | Path | None = None,
+    ):
+        from ..checks import check_run
+
+        config = _with_init_from(config, run, init_from)
+        world = int(os.environ.get("WORLD_SIZE", 1))  # what the plan checks, for a run started by hand
+        check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world)
         self.cfg = run_settings(config, run)
         self.full_config = config
         self.out = Path(outdir)
         t, par = self.cfg.train, self.cfg.parallel
-        self.task = build_task(self.cfg, stores or default_stores(config, self.cfg.task))
+        self.task = build_task(self.cfg, stores)
         if par.strategy == "dchag" and self.task.model_cfg.aggregation == "baseline":
             raise ConfigError(f"run {run!r}: parallel.strategy dchag needs model.aggregation linear or cross")
         self.backend, self.device = init_distributed()
         torch.use_deterministic_algorithms(True, warn_only=True)
-        self.dims = ParallelDims(tp=par.tp, dp_mode=par.dp, world_size=dist.get_world_size())
+        self.dims = ParallelDims(tp=par.tp, dp_mode=par.data_parallel, world_size=dist.get_world_size())
         self.mesh = self.dims.build_mesh(self.device.type)
         self.rank = dist.get_rank()
         self.seed = t.seed
         self.precision = resolve_precision(par.precision, self.device)
 
         torch.manual_seed(self.seed)
-        self.model = parallelize_model(ChannelViT(self.task.model_cfg).to(self.device), self.dims, self.mesh,
-                                       strategy=par.strategy, activation_checkpointing=par.activation_checkpointing,
-                                       reshard_after_forward=par.fsdp_reshard_after_forward,
-                                       ddp_bucket_mb=par.ddp_bucket_mb, comm_hook=par.comm_hook,
-                                       powersgd_rank=par.powersgd_rank, find_unused_parameters=t.rotation is not None,
-                                       timed_ddp=t.measure_comm)
+        core_model = ChannelViT(self.task.model_cfg)
+        self.init_report, init_record = self._initialise(core_model)
+        frozen_parts = finetune.frozen_parts(t)
+        finetune.freeze(core_model, frozen_parts)  # before DDP wraps it
+        self.model = parallelize_model(
+            core_model.to(self.device),
+            self.dims,
+            self.mesh,
+            par,
+            find_unused_parameters=t.rotation is not None,
+            timed_ddp=t.measure_comm,
+        )
+        finetune.freeze(self.model, frozen_parts)  # tensor parallelism made new parameters
         self.compression = getattr(self.model, "compression", None)
-        self.hook_state = getattr(self.model, "comm_hook_state", None)  # DDP: its collectives' time
-        self.best_val = float("inf")
-        core = self.model.module if hasattr(self.model, "module") else self.model
+        core = unwrap(self.model)
         self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
         # Only under D-CHAG does a rank hold a slice of the channels (the MAE target needs all).
         self.channel_group = self.tp_group if core.group_gather is not None else None
 
-        self.opt = torch.optim.AdamW(param_groups(self.model, self.cfg, self.task.model_cfg, self.dims.tp), lr=t.lr,
-                                     weight_decay=t.weight_decay, betas=tuple(t.betas), foreach=True)
+        self.opt = torch.optim.AdamW(
+            param_groups(self.model, self.cfg, self.task.model_cfg, self.dims.tp),
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            betas=tuple(t.betas),
+            foreach=True,
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
-        self.step_fn = TrainStep(self.model, core, self.task, self.opt, self.sched, device=self.device,
-                                 precision=self.precision, grad_clip=t.grad_clip, tp_group=self.tp_group,
-                                 channel_group=self.channel_group, rotation=t.rotation, seed=self.seed)
-        self.checkpoints = ckpt.CheckpointManager(self.out, ckpt.fingerprint(self.cfg), t.checkpoint_every, self.rank)
+        self.step_fn = TrainStep(
+            self.model,
+            core,
+            self.task,
+            self.opt,
+            self.sched,
+            device=self.device,
+            precision=self.precision,
+            grad_clip=t.grad_clip,
+            tp_group=self.tp_group,
+            channel_group=self.channel_group,
+            rotation=t.rotation,
+            seed=self.seed,
+        )
+        self.counters = state.CountersState({"step": 0, "epoch": 0, "position": 0, "best_val": float("inf")})
+        self.parts = {
+            "model": state.ModelState(self.model),
+            "optim": state.OptimizerState(self.model, self.opt),
+            "sched": state.SchedulerState(self.sched),
+            "trainer": self.counters,
+            "rng": state.RngState(),
+        }
+        if self.compression is not None:
+            self.parts["comm_hook"] = self.compression.checkpoint_part(self.model)
+        self.instruments = StepInstruments(
+            self.device,
+            (self.model, self.opt),
+            t.measure_comm,
+            t.measure_memory,
+            getattr(self.model, "comm_hook_state", None),
+        )
 
         channels = core.tokenizer.channel_ids.tolist()  # each rank reads only its tokenizer's channels
         self.train_set = self.task.dataset("train", channels, self.seed)
@@ -101,16 +161,61 @@ class Trainer:
         self.batch = t.batch_size
         self.sampler = ResumableSampler(len(self.train_set), self.dims.dp, dp_rank, self.seed)
         if self.sampler.per_rank < self.batch:
-            raise DataError(f"{len(self.train_set)} training samples over {self.dims.dp} data-parallel ranks is less "
-                            f"than one batch of {self.batch}")
+            raise DataError(
+                f"{len(self.train_set)} training samples over {self.dims.dp} data-parallel ranks is less "
+                f"than one batch of {self.batch}"
+            )
         self.val_sampler = ResumableSampler(len(self.val_set), self.dims.dp, dp_rank, self.seed, shuffle=False)
+        self.checkpoints = ckpt.CheckpointManager(
+            self.out,
+            {**ckpt.fingerprint(self.cfg, self.task.data_signature()), **init_record},
+            t.checkpoint_every,
+            t.keep_checkpoints,
+            self.rank,
+            self.parts,
+        )
+
+    # -- fine-tuning -------------------------------------------------------------------------
+    def _initialise(self, model: ChannelViT) -> tuple[dict | None, dict]:
+        """Load the run's init_from model (an exported folder) into the one-device model; the
+        report of what was loaded, resized and new, and the fingerprint's record of the source."""
+        source = self.cfg.init_from
+        if source is None:
+            return None, {}
+        from ..predict.artifact import load
+
+        src = load(source)
+        target = (
+            {"names": self.task.channels} if self.task.name == "forecast" else {"wavelengths": self.task.wavelengths()}
+        )
+        same = src.task == self.task.name and (
+            (src.task != "forecast" or src.meta.get("outputs") == list(self.task.outputs))
+            and (src.task != "classification" or src.meta.get("class_names") == list(self.task.class_names))
+        )
+        report = finetune.initialise(model, target, src, same)
+        report["source"] = str(source)
+        report["frozen"] = finetune.frozen_parts(self.cfg.train)
+        if int(os.environ.get("RANK", 0)) == 0:
+            log.info("run %s: starting from %s", self.cfg.run, source)
+            for line in finetune.describe(report):
+                log.info("%s", line)
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "init.json").write_text(jsonio.dumps(report, indent=1))
+        return report, {"init_from": str(source), "init_from.sha256": src.meta["weights"]["sha256"]}
 
     # -- data --------------------------------------------------------------------------------
     def _loader(self, dataset, sampler, drop_last: bool = True):
         workers = self.cfg.train.num_workers
-        return DataLoader(dataset, batch_size=self.batch, sampler=sampler, drop_last=drop_last, num_workers=workers,
-                          prefetch_factor=self.cfg.train.prefetch_factor if workers else None, collate_fn=_collate,
-                          persistent_workers=False)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch,
+            sampler=sampler,
+            drop_last=drop_last,
+            num_workers=workers,
+            prefetch_factor=self.cfg.train.prefetch_factor if workers else None,
+            collate_fn=_collate,
+            persistent_workers=False,
+        )
 
     def _batches(self, epoch: int, start: int):
         while True:
@@ -121,26 +226,9 @@ class Trainer:
                 yield epoch, start + (i + 1) * self.batch, batch
             epoch, start = epoch + 1, 0
 
-    # -- checkpoints -------------------------------------------------------------------------
-    def _state(self, step: int, epoch: int, pos: int) -> dict[str, torch.Tensor]:
-        hook = self.compression.residual_state(self.model, ckpt.canonical) if self.compression is not None else {}
-        counters = {"step": step, "epoch": epoch, "position": pos, "scheduler_last_epoch": self.sched.last_epoch}
-        return ckpt.state(self.model, self.opt, counters, hook)
-
-    def _resume(self) -> tuple[int, int, int]:
-        self.checkpoints.prepare()
-        last = self.checkpoints.latest()
-        if last is None:
-            return 0, 0, 0
-        c = ckpt.load(self._state(0, 0, 0), last)
-        # The schedule is a function of the step: put the learning rates where they were.
-        self.sched.last_epoch = c["scheduler_last_epoch"]
-        for group, base, fn in zip(self.opt.param_groups, self.sched.base_lrs, self.sched.lr_lambdas):
-            group["lr"] = base * fn(self.sched.last_epoch)
-        self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
-        if self.rank == 0:
-            print(f"resuming from {last} (step {c['step']})", flush=True)
-        return c["step"], c["epoch"], c["position"]
+    def _samples(self, epoch: int, pos: int) -> list[int]:
+        """The training samples of the batch that ended at sampler position ``pos``."""
+        return self.sampler.indices(epoch)[max(0, pos - self.batch) : pos]
 
     # -- validation --------------------------------------------------------------------------
     def validate(self) -> dict:
@@ -156,8 +244,9 @@ class Trainer:
                 extra.append(info.get("accuracy"))
         self.model.train()
         accuracies = [e for e in extra if e is not None]
-        stats = torch.tensor([sum(losses), len(losses), sum(accuracies), len(accuracies)], dtype=torch.float64,
-                             device=self.device)
+        stats = torch.tensor(
+            [sum(losses), len(losses), sum(accuracies), len(accuracies)], dtype=torch.float64, device=self.device
+        )
         dist.all_reduce(stats)
         total, n, acc, n_acc = stats.tolist()
         out = {"val_loss": total / n if n > 0 else float("nan")}
@@ -169,92 +258,162 @@ class Trainer:
         """Fall back from PowerSGD / 8-bit to fp16 compression when validation loss rises more than
         parallel.compression_fallback (relative) above its best so far."""
         threshold = self.cfg.parallel.compression_fallback
-        if self.compression is not None and self.compression.active != "fp16" and val_loss > self.best_val * (1 + threshold):
+        best = self.counters.counters["best_val"]
+        if self.compression is not None and self.compression.active != "fp16" and val_loss > best * (1 + threshold):
             self.compression.fall_back(step)
             if self.rank == 0:
-                print(f"step {step}: validation loss {val_loss:.4f} is {val_loss / self.best_val - 1:+.1%} above its best "
-                      f"{self.best_val:.4f}: {self.compression.kind} compression falls back to fp16", flush=True)
-        self.best_val = min(self.best_val, val_loss)
+                log.warning(
+                    f"step {step}: validation loss {val_loss:.4f} is {val_loss / best - 1:+.1%} above its best "
+                    f"{best:.4f}: {self.compression.kind} compression falls back to fp16"
+                )
+        self.counters.counters["best_val"] = min(best, val_loss)
 
     # -- the loop ----------------------------------------------------------------------------
-    def _track_memory(self, steps_run: int) -> bool:
-        """On a GPU the allocator's peak is free to read every step; on the CPU one step (the
-        second this process runs: optimizer state exists then) is tracked by MemTracker, and
-        only when asked (train.measure_memory)."""
-        return self.device.type == "cuda" or (self.cfg.train.measure_memory and steps_run == 1)
+    def _save(self, final: bool, step: int, epoch: int, pos: int, logger: MetricsLogger) -> Path:
+        self.counters.counters.update(step=step, epoch=epoch, position=pos)
+        self.checkpoints.history = logger.history()
+        return self.checkpoints.save_final() if final else self.checkpoints.save_step(step)
 
     def train(self) -> Path:
         t = self.cfg.train
         self.out.mkdir(parents=True, exist_ok=True)
-        step, epoch, pos = self._resume()
-        logger = MetricsLogger(self.out, self.cfg.run, self.rank, t.steps, step, t.tensorboard)
+        self.checkpoints.prepare()
+        resumed = self.checkpoints.resume(t.steps)
+        c = self.counters.counters
+        step, epoch, pos = c["step"], c["epoch"], c["position"]
+        if resumed is not None and self.rank == 0:
+            log.info(f"resuming from {resumed} (step {step})")
+        logger = MetricsLogger(self.out, self.cfg.run, self.rank, t.steps, step, t.tensorboard, history=resumed)
         batches = self._batches(epoch, pos)
         self.model.train()
-        comm = CommTimer() if t.measure_comm else None
-        peak_mib, steps_run, complete = float("nan"), 0, False
+        complete = False
         try:
             while step < t.steps:
                 t0 = time.perf_counter()
                 epoch, pos, batch = next(batches)
                 batch = [b.to(self.device) for b in batch]
-                data_s = time.perf_counter() - t0
-                track = self._track_memory(steps_run)
-                tracked = step_peak(self.device, self.model, self.opt) if track else contextlib.nullcontext({})
-                with tracked as mem, (comm or contextlib.nullcontext()):
-                    result = self.step_fn(batch, step)
-                step_s = time.perf_counter() - t0
-                times = replace(result.times, data=data_s)
-                t_comm = comm.take() + (self.hook_state.take_seconds() if self.hook_state else 0.0) if comm else None
-                if track:
-                    peak_mib = mem["total"]
-                instrumented = "+".join(k for k, on in (("comm", comm is not None),
-                                                        ("memory", track and self.device.type == "cpu")) if on)
-                if "memory" in instrumented:  # MemTracker's bookkeeping slowed this step: no timings
-                    times, step_s = StepTimes(*[float("nan")] * 4), float("nan")
-                    t_comm = float("nan") if t_comm is not None else None
+                with self.instruments.step(self.batch, time.perf_counter() - t0, t0) as measured:
+                    try:
+                        result = self.step_fn(batch, step)
+                    except NonFiniteError as err:
+                        samples = self._samples(epoch, pos)
+                        raise NonFiniteError(
+                            f"run {self.cfg.run}: {err} (training samples {samples[:8]} of "
+                            f"{self.task.stores['train']}); nothing of this step was saved"
+                        ) from None
+                    measured["times"] = result.times
                 step += 1
-                steps_run += 1
-                row = {"step": step, "epoch": epoch, "loss": float(result.loss), "lr": self.sched.get_last_lr()[0],
-                       "grad_norm": result.grad_norm, "samples_per_s": self.batch / step_s if step_s == step_s else float("nan"),
-                       "peak_mem_mib": peak_mib, **{f"t_{k}": v for k, v in asdict(times).items()}, "t_comm": t_comm,
-                       "instrumented": instrumented}
+                row = {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": float(result.loss),
+                    "lr": self.sched.get_last_lr()[0],
+                    "grad_norm": result.grad_norm,
+                    **measured,
+                }
                 if step % t.val_every == 0 or step == t.steps:
                     row.update(self.validate())
+                    if not math.isfinite(row["val_loss"]):
+                        raise NonFiniteError(
+                            f"run {self.cfg.run}: the validation loss at step {step} is "
+                            f"{row['val_loss']} (the validation data of {self.task.stores['val']} "
+                            "or the model is not finite)"
+                        )
                     self._check_compression(step, row["val_loss"])
                 logger.record(row, gather_rank_values(row, self.device))
                 if self.checkpoints.due(step, t.steps):
-                    self.checkpoints.save_step(self._state(step, epoch, pos), step)
-            final = self.checkpoints.save_final(self._state(step, epoch, pos))
+                    self._save(False, step, epoch, pos, logger)
+            final = self._save(True, step, epoch, pos, logger)
             if self.rank == 0:
-                self._write_run_info(logger.excluded)
+                self._write_run_info(logger.excluded, step, resumed)
             complete = True
         finally:
             logger.close(complete)
         dist.barrier()
         return final
 
-    def _write_run_info(self, excluded: list[int]) -> None:
+    def _write_run_info(self, excluded: list[int], step: int, resumed: Path | None) -> None:
         info = {
             "run": self.cfg.run,
             "task": self.task.name,
+            "final_step": step,
+            "resumed_from": str(resumed) if resumed else None,
             "model": asdict(self.task.model_cfg),
-            "parallel": {**asdict(self.cfg.parallel), "world_size": self.dims.world_size, "dp": self.dims.dp, "backend": self.backend},
+            "parallel": {
+                **asdict(self.cfg.parallel),
+                "world_size": self.dims.world_size,
+                "dp": self.dims.dp,
+                "backend": self.backend,
+            },
             "precision": self.precision,
             "train": asdict(self.cfg.train),
             "stores": {k: str(v) for k, v in self.task.stores.items()},
+            "init_from": self.init_report,
             "steps_excluded_from_timings": excluded,
-            "compression": ({"hook": self.compression.kind, "fell_back_to_fp16_at_step": self.compression.fell_back_at}
-                            if self.compression is not None else None),
+            "compression": (
+                {"hook": self.compression.kind, "fell_back_to_fp16_at_step": self.compression.fell_back_at}
+                if self.compression is not None
+                else None
+            ),
             "provenance": provenance.record(self.full_config),
         }
-        (self.out / "run.json").write_text(jsonio.dumps(info, indent=1))
+        tmp = self.out / ".run.json.tmp"
+        tmp.write_text(jsonio.dumps(info, indent=1))
+        tmp.replace(self.out / "run.json")
 
 
-def main(config: dict, run: str, outdir: str | Path, stores: dict[str, str | Path] | None = None) -> None:
-    trainer = None
+def _with_init_from(config: dict, run: str, init_from: str | Path | None) -> dict:
+    """The config with the run's init_from set to the exported model it starts from: a run
+    named there is exported by the pipeline and given as ``--init-from``."""
+    runs = config.get("train", {}).get("runs", {})
+    spec = runs.get(run)
+    if spec is None:
+        return config
+    named = spec.get("init_from")
+    if init_from is None:
+        if named is not None and named in runs:
+            raise ConfigError(f"run {run!r} starts from run {named!r}: give its exported model (--init-from DIR)")
+        return config
+    out = {**config, "train": {**config["train"], "runs": {**runs, run: {**spec, "init_from": str(init_from)}}}}
+    return out
+
+
+def _earlier_error(outdir: Path) -> str | None:
+    """The user error that ended an earlier attempt of this torchrun launch, if any: a restart
+    would meet it again (a config or data mistake does not go away)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id or not int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0):
+        return None
     try:
-        trainer = Trainer(config, run, outdir, stores)
-        trainer.train()
+        record = json.loads((outdir / ERROR_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("message") if record.get("run_id") == run_id else None
+
+
+def main(
+    config: dict, run: str, outdir: str | Path, stores: dict[str, str | Path], init_from: str | Path | None = None
+) -> None:
+    outdir = Path(outdir)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        die_with_parent()  # a killed launcher takes its workers with it
+    rank0 = int(os.environ.get("RANK", 0)) == 0
+    lock = RunLock(outdir)
+    try:
+        earlier = _earlier_error(outdir)
+        if earlier:
+            raise DchagError(f"{earlier} (as in the attempt before this restart)")
+        if rank0:
+            lock.acquire()
+            (outdir / ERROR_FILE).unlink(missing_ok=True)
+        Trainer(config, run, outdir, stores, init_from).train()
+    except DchagError as err:
+        if rank0 and lock._fd is not None and os.environ.get("TORCHELASTIC_RUN_ID"):
+            (outdir / ERROR_FILE).write_text(
+                json.dumps({"run_id": os.environ["TORCHELASTIC_RUN_ID"], "message": str(err)})
+            )
+        raise
     finally:
+        lock.release()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""The paper's figures, from result files; each function writes one figure as PNG and PDF.
+"""The pipeline's figures, from result files; each function writes one figure as PNG and PDF.
 
 Every function takes result files (never a model), so `snakemake figures` redraws them all
 from existing results without training anything.
@@ -6,73 +6,26 @@ from existing results without training anything.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .store import InputError, atomic_path
-
-COLORS = {"baseline": "#1f77b4", "dchag": "#d62728", "persistence": "#7f7f7f", "climatology": "#2ca02c"}
-
-
-def _color(name: str, i: int) -> str:
-    for key, c in COLORS.items():
-        if key in name:
-            return c
-    return f"C{i + 3}"
-
-
-def _save(fig, output: str | Path) -> Path:
-    """``output`` (.png) and the same name with .pdf, each written atomically."""
-    output = Path(output)
-    if output.suffix != ".png":
-        raise InputError(f"figure output must end in .png (a .pdf is written beside it): {output}")
-    for path in (output, output.with_suffix(".pdf")):
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=path.suffix[1:], dpi=150, bbox_inches="tight")
-    plt.close(fig)
-    return output
-
-
-def _read_csv(path: str | Path, what: str) -> pd.DataFrame:
-    if not Path(path).exists():
-        raise InputError(f"{what} not found: {path}")
-    return pd.read_csv(path)
-
-
-def _load_runs(paths: list[str], what: str) -> dict[str, dict[str, np.ndarray]]:
-    """Every array of each run's .npz, by run name."""
-    runs = {}
-    for path in paths:
-        if not Path(path).exists():
-            raise InputError(f"{what} not found: {path}")
-        with np.load(path) as z:
-            runs[_run_name(path)] = {k: z[k] for k in z.files}
-    return runs
-
-
-def _run_name(path: str | Path) -> str:
-    """results/<name>/train/<run>/log.csv -> <run>; other files: the stem after the last '_'."""
-    p = Path(path)
-    return p.parent.name if p.name == "log.csv" else p.stem.split("_", 1)[-1].removesuffix("_map")
+from ..store import InputError
+from .common import color, load_runs, plt, read_csv, run_name, save
 
 
 # -- training --------------------------------------------------------------------------------
 def loss_curves(logs: list[str], output: str) -> Path:
     """Training loss (line) and validation loss (markers) per step, one panel per task, baseline
     and D-CHAG together: the paper's accuracy-parity figures."""
-    runs = {_run_name(p): _read_csv(p, "training log") for p in logs}
+    runs = {run_name(p): read_csv(p, "training log") for p in logs}
     tasks = sorted({name.split("-")[0] for name in runs})
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for i, (name, df) in enumerate((n, d) for n, d in runs.items() if n.split("-")[0] == task):
-            c = _color(name, i)
+            c = color(name, i)
             ax.plot(df["step"], df["loss"], color=c, lw=1.2, alpha=0.85, label=f"{name} (train)")
             val = df.dropna(subset=["val_loss"]) if "val_loss" in df else df.iloc[:0]
             if len(val):
@@ -82,7 +35,7 @@ def loss_curves(logs: list[str], output: str) -> Path:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.suptitle("Training loss: baseline vs D-CHAG")
-    return _save(fig, output)
+    return save(fig, output)
 
 
 # -- weather ---------------------------------------------------------------------------------
@@ -92,7 +45,7 @@ def lead_time_scores(scores: list[str], output: str, variables: list[str] | None
     or scores_<source>_<convention>.csv."""
     frames = []
     for path in scores:
-        df = _read_csv(path, "score file")
+        df = read_csv(path, "score file")
         stem = Path(path).stem.removeprefix("scores_")
         conv = str(df["convention"].iloc[0]) if len(df) else ""
         df["source"] = stem.removesuffix(f"_{conv}") if conv else stem
@@ -100,28 +53,36 @@ def lead_time_scores(scores: list[str], output: str, variables: list[str] | None
     df = pd.concat(frames)
     variables = variables or list(dict.fromkeys(df["variable"]))
     metrics = [m for m in ("rmse", "acc") if m in set(df["metric"])]
-    fig, axes = plt.subplots(len(metrics), len(variables), figsize=(3.2 * len(variables), 2.8 * len(metrics)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(metrics), len(variables), figsize=(3.2 * len(variables), 2.8 * len(metrics)), squeeze=False
+    )
     for i, metric in enumerate(metrics):
         for j, var in enumerate(variables):
             ax = axes[i][j]
-            for k, (source, part) in enumerate(df[(df.metric == metric) & (df.variable == var)].groupby("source", sort=False)):
+            for k, (source, part) in enumerate(
+                df[(df.metric == metric) & (df.variable == var)].groupby("source", sort=False)
+            ):
                 part = part.sort_values("lead_time_hours")
                 if part["value"].notna().any():
-                    ax.plot(part["lead_time_hours"] / 24, part["value"], "o-", color=_color(source, k), label=source)
-            ax.set(title=var if i == 0 else None, xlabel="lead time (days)" if i == len(metrics) - 1 else None,
-                   ylabel=f"{'wACC' if metric == 'acc' else 'RMSE'}" if j == 0 else None)
+                    ax.plot(part["lead_time_hours"] / 24, part["value"], "o-", color=color(source, k), label=source)
+            ax.set(
+                title=var if i == 0 else None,
+                xlabel="lead time (days)" if i == len(metrics) - 1 else None,
+                ylabel=f"{'wACC' if metric == 'acc' else 'RMSE'}" if j == 0 else None,
+            )
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     conv = ", ".join(sorted(set(df["convention"])))
     fig.suptitle(f"Latitude-weighted scores vs lead time ({conv} convention)")
     fig.tight_layout()
-    return _save(fig, output)
+    return save(fig, output)
 
 
-def forecast_maps(forecasts: list[str], truth: str, output: str, variable: str | None = None, lead_index: int = 0,
-                  time_index: int = 0) -> Path:
+def forecast_maps(
+    forecasts: list[str], truth: str, output: str, variable: str | None = None, lead_index: int = 0, time_index: int = 0
+) -> Path:
     """One initialisation: the truth, each forecast and its error, for one variable and lead."""
-    from .evaluate.score import open_fields
+    from ..evaluate.score import open_fields
 
     t = open_fields(truth, "truth")
     rows = []
@@ -130,12 +91,14 @@ def forecast_maps(forecasts: list[str], truth: str, output: str, variable: str |
         f = open_fields(path, "forecast")
         var = var or next(iter(f.data_vars))
         if var not in f or var not in t:
-            raise InputError(f"forecast maps: variable {var!r} is not in {path} and its truth {truth} "
-                             f"(evaluate.map_variable; they hold {', '.join(map(str, f.data_vars))})")
+            raise InputError(
+                f"forecast maps: variable {var!r} is not in {path} and its truth {truth} "
+                f"(evaluate.map_variable; they hold {', '.join(map(str, f.data_vars))})"
+            )
         lead = f["prediction_timedelta"].values[lead_index]
         init = f.time.values[time_index]
         fc = f[var].sel(time=init, prediction_timedelta=lead)
-        rows.append((_run_name(path), fc, t[var].sel(time=init + lead)))
+        rows.append((run_name(path), fc, t[var].sel(time=init + lead)))
     if not rows:
         raise InputError("forecast maps need at least one forecast file")
     fig, axes = plt.subplots(len(rows), 3, figsize=(12, 2.6 * len(rows)), squeeze=False)
@@ -155,7 +118,7 @@ def forecast_maps(forecasts: list[str], truth: str, output: str, variable: str |
     lead_days = rows[0][1].prediction_timedelta.values / np.timedelta64(1, "D")
     fig.suptitle(f"{var}: initialised {str(rows[0][1].time.values)[:13]}, lead {lead_days:g} days")
     fig.tight_layout()
-    return _save(fig, output)
+    return save(fig, output)
 
 
 # -- hyperspectral ---------------------------------------------------------------------------
@@ -178,7 +141,7 @@ def _stretch(cube: np.ndarray, idx: list[int], reference: np.ndarray) -> np.ndar
 def hsi_reconstruction(samples: list[str], output: str, tile: int = 0) -> Path:
     """For one held-out tile: the true false-colour image, the masked input, each run's
     reconstruction, and spectra at three sample pixels (true vs reconstructed)."""
-    runs = _load_runs(samples, "reconstruction samples")
+    runs = load_runs(samples, "reconstruction samples")
     first = next(iter(runs.values()))
     truth, mask, wl = first["truth"][tile], first["mask"][tile], first["wavelength"]
     idx = _rgb_bands(wl, truth.shape[0])
@@ -208,20 +171,22 @@ def hsi_reconstruction(samples: list[str], output: str, tile: int = 0) -> Path:
         ax = fig.add_subplot(2, 3, 4 + k)
         ax.plot(x, truth[:, r, c], "k-", lw=1.5, label="truth")
         for j, (name, d) in enumerate(runs.items()):
-            ax.plot(x, d["pred"][tile][:, r, c], "--", color=_color(name, j), lw=1.1, label=name)
-        ax.set(title=f"pixel {k + 1} ({'masked' if mask[r, c] else 'visible'})",
-               xlabel="wavelength (nm)" if np.all(np.isfinite(wl)) else "band")
+            ax.plot(x, d["pred"][tile][:, r, c], "--", color=color(name, j), lw=1.1, label=name)
+        ax.set(
+            title=f"pixel {k + 1} ({'masked' if mask[r, c] else 'visible'})",
+            xlabel="wavelength (nm)" if np.all(np.isfinite(wl)) else "band",
+        )
         ax.grid(alpha=0.3)
     fig.axes[-3].legend(fontsize=7)
     fig.suptitle("Masked-autoencoder reconstruction of a held-out tile")
     fig.tight_layout()
-    return _save(fig, output)
+    return save(fig, output)
 
 
 def classification(maps: list[str], output: str) -> Path:
     """Ground truth, each run's predicted class map (every labelled pixel) and its test-set
     confusion matrix (row-normalised)."""
-    runs = _load_runs(maps, "classification map")
+    runs = load_runs(maps, "classification map")
     first = next(iter(runs.values()))
     names = [str(n) for n in first["class_names"]]
     k = len(names)
@@ -229,16 +194,29 @@ def classification(maps: list[str], output: str) -> Path:
     cmap.set_bad("white")  # unlabelled pixels
     n = len(runs)
     fig, axes = plt.subplots(2, n + 1, figsize=(3.6 * (n + 1), 7), squeeze=False)
-    axes[0][0].imshow(np.ma.masked_equal(first["truth"], 0), cmap=cmap, vmin=-0.5, vmax=k + 0.5, interpolation="nearest")
+    axes[0][0].imshow(
+        np.ma.masked_equal(first["truth"], 0), cmap=cmap, vmin=-0.5, vmax=k + 0.5, interpolation="nearest"
+    )
     axes[0][0].set(title="ground truth")
     split_colours = ["white", "#66c2a5", "#fc8d62", "#8da0cb"]  # unlabelled, train, val, test
-    axes[1][0].imshow(first["split"] + 1, cmap=matplotlib.colors.ListedColormap(split_colours), vmin=-0.5, vmax=3.5,
-                      interpolation="nearest")
-    axes[1][0].legend([plt.Rectangle((0, 0), 1, 1, color=c) for c in split_colours[1:]], ["train", "val", "test"],
-                      fontsize=7, loc="upper right")
+    axes[1][0].imshow(
+        first["split"] + 1,
+        cmap=matplotlib.colors.ListedColormap(split_colours),
+        vmin=-0.5,
+        vmax=3.5,
+        interpolation="nearest",
+    )
+    axes[1][0].legend(
+        [plt.Rectangle((0, 0), 1, 1, color=c) for c in split_colours[1:]],
+        ["train", "val", "test"],
+        fontsize=7,
+        loc="upper right",
+    )
     axes[1][0].set(title="split of the labelled pixels")
     for j, (name, d) in enumerate(runs.items()):
-        axes[0][j + 1].imshow(np.ma.masked_equal(d["pred"], 0), cmap=cmap, vmin=-0.5, vmax=k + 0.5, interpolation="nearest")
+        axes[0][j + 1].imshow(
+            np.ma.masked_equal(d["pred"], 0), cmap=cmap, vmin=-0.5, vmax=k + 0.5, interpolation="nearest"
+        )
         axes[0][j + 1].set(title=f"predicted: {name}")
         cm = d["confusion"].astype(np.float64)
         norm = cm / np.maximum(cm.sum(axis=1, keepdims=True), 1)
@@ -256,4 +234,53 @@ def classification(maps: list[str], output: str) -> Path:
     fig.legend(handles, names, loc="lower center", ncol=min(k, 6), fontsize=8)
     fig.suptitle("Hyperspectral classification")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return _save(fig, output)
+    return save(fig, output)
+
+
+def foundation(scores: list[str], output: str) -> Path:
+    """The foundation-model experiment: test overall accuracy and kappa of classification
+    trained from scratch, fine-tuned from an MAE model and as a linear probe of it, per model
+    variant. ``scores``: VARIANT:START=JSON words (evaluate-classification results); the table beside
+    the figure (.csv)."""
+    import json
+
+    rows = []
+    for word in scores:
+        label, sep, path = word.partition("=")
+        variant, sep2, start = label.partition(":")
+        if not sep or not sep2:
+            raise InputError(f"figure foundation takes VARIANT:START=SCORES.json words, got {word!r}")
+        if not Path(path).exists():
+            raise InputError(f"score file not found: {path}")
+        d = json.loads(Path(path).read_text())
+        rows.append(
+            {
+                "variant": variant,
+                "start": start,
+                "run": d["run"],
+                "overall_accuracy": d["overall_accuracy"],
+                "average_accuracy": d["average_accuracy"],
+                "kappa": d["kappa"],
+            }
+        )
+    table = pd.DataFrame(rows)
+    starts = list(dict.fromkeys(table.start))
+    variants = list(dict.fromkeys(table.variant))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    width = 0.8 / len(starts)
+    for ax, metric in zip(axes, ("overall_accuracy", "kappa")):
+        for k, start in enumerate(starts):
+            part = table[table.start == start].set_index("variant").reindex(variants)
+            x = np.arange(len(variants)) + (k - (len(starts) - 1) / 2) * width
+            ax.bar(x, part[metric].values, width, label=start, color=color(start, k))
+        ax.set_xticks(np.arange(len(variants)), variants)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"test {metric.replace('_', ' ')}")
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.suptitle("classification: from scratch vs. fine-tuned from MAE vs. linear probe (equal steps)")
+    out = Path(output)
+    from ..store import atomic_path
+
+    with atomic_path(out.with_suffix(".csv")) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.6g")
+    return save(fig, out)

@@ -25,20 +25,29 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..figures import _read_csv, _save
+from ..paper import published
+from ..paper.predict import predicted_gb
+from ..paper.sweep import Point
 from ..store import InputError, atomic_path
-from . import published
-from .predict import predicted_gb
-from .sweep import Point
+from ..vocabulary import VARIANTS
+from .common import read_csv, save
 
-LABEL = {"baseline": "baseline", "dchag-l": "D-CHAG-L", "dchag-c": "D-CHAG-C", "tokenize": "baseline tokenization",
-         "tokenize+aggregate": "+ aggregation", "dist-tokenize": "distributed tokenization",
-         "dist-tokenize+gather-all": "distributed tok. + AllGather of all tokens"}
-COLOR = {"baseline": "#1f77b4", "dchag-l": "#d62728", "dchag-c": "#ff7f0e", "tokenize": "#1f77b4", "tokenize+aggregate": "#17becf",
-         "dist-tokenize": "#d62728", "dist-tokenize+gather-all": "#9467bd"}
+LABEL = {name: v.label for name, v in VARIANTS.items()}
+COLOR = {
+    "baseline": "#1f77b4",
+    "dchag-l": "#d62728",
+    "dchag-c": "#ff7f0e",
+    "tokenize": "#1f77b4",
+    "tokenize+aggregate": "#17becf",
+    "dist-tokenize": "#d62728",
+    "dist-tokenize+gather-all": "#9467bd",
+}
 PAPER_FIGURE = {
     "front_share": "the paper's front-end memory breakdown of the baseline (tokenization, + aggregation, rest)",
-    "tokenization": "the paper's tokenization-strategy comparison (1.7B, 1024 channels, TP 8), with the all-token AllGather ablation",
+    "tokenization": (
+        "the paper's tokenization-strategy comparison (1.7B, 1024 channels, TP 8), "
+        "with the all-token AllGather ablation"
+    ),
     "tree": "the paper's TreeK memory figure (1.7B, 1024 channels, TP 8; Tree0/2/4/8)",
     "full_models": "the paper's full-model memory and TFLOPS/GPU table (1.7B-26B, baseline vs D-CHAG-C/-L)",
     "tp_scaling": "the paper's scaling in TP for a fixed model",
@@ -106,10 +115,12 @@ def _bars(ax, groups: list[str], series: list[str], value, title: str, ylabel: s
 def _caption(fig, figure: str, runs: list[Run], deviation: list[str]) -> str:
     devices = sorted({r.device for r in runs})
     settings = sorted({_run_setting(r.point) for r in runs})
-    text = (f"Reproduces {PAPER_FIGURE[figure]}. Run: {'; '.join(settings)} on {', '.join(devices)}"
-            f" ({'paper scale' if all(r.at_paper_scale for r in runs) else 'scaled down: compare shapes and ratios'}). "
-            f"Published: {published.HARDWARE}. Prediction: dchag's cost model at the paper's scale. "
-            + ("From published: " + "; ".join(deviation) if deviation else "No published value at these settings."))
+    text = (
+        f"Reproduces {PAPER_FIGURE[figure]}. Run: {'; '.join(settings)} on {', '.join(devices)}"
+        f" ({'paper scale' if all(r.at_paper_scale for r in runs) else 'scaled down: compare shapes and ratios'}). "
+        f"Published: {published.HARDWARE}. Prediction: dchag's cost model at the paper's scale. "
+        + ("From published: " + "; ".join(deviation) if deviation else "No published value at these settings.")
+    )
     import textwrap
 
     fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 180)), ha="left", va="top", fontsize=7)
@@ -124,12 +135,30 @@ def _write_table(rows: list[dict], output: str | Path, caption: str) -> None:
             pd.DataFrame(rows).to_csv(f, index=False)
 
 
-def _row(figure: str, r: Run | None, p: Point, metric: str, measured: float | None, published_value: float | None,
-         predicted: float | None, unit: str) -> dict:
-    return {"figure": figure, "point": p.name, "paper_setting": _setting(*p.paper_setting), "variant": p.variant, "tree": p.tree,
-            "metric": metric, "published": published_value, "predicted": predicted,
-            "prediction_error": (predicted / published_value - 1) if predicted is not None and published_value else None,
-            "measured": measured, "measured_unit": unit, "device": r.device if r else None}
+def _row(
+    figure: str,
+    r: Run | None,
+    p: Point,
+    metric: str,
+    measured: float | None,
+    published_value: float | None,
+    predicted: float | None,
+    unit: str,
+) -> dict:
+    return {
+        "figure": figure,
+        "point": p.name,
+        "paper_setting": _setting(*p.paper_setting),
+        "variant": p.variant,
+        "tree": p.tree,
+        "metric": metric,
+        "published": published_value,
+        "predicted": predicted,
+        "prediction_error": (predicted / published_value - 1) if predicted is not None and published_value else None,
+        "measured": measured,
+        "measured_unit": unit,
+        "device": r.device if r else None,
+    }
 
 
 def _ratio_deviation(name: str, measured: float, pub: float) -> str:
@@ -137,9 +166,13 @@ def _ratio_deviation(name: str, measured: float, pub: float) -> str:
 
 
 # -- the memory figures ----------------------------------------------------------------------
-TITLE = {"front_share": "Front-end share of the baseline's memory", "tokenization": "Tokenization strategies: peak memory per GPU",
-         "tree": "TreeK: peak memory per GPU", "full_models": "Full models at fixed TP: memory and throughput per GPU",
-         "tp_scaling": "Scaling in TP for a fixed model"}
+TITLE = {
+    "front_share": "Front-end share of the baseline's memory",
+    "tokenization": "Tokenization strategies: peak memory per GPU",
+    "tree": "TreeK: peak memory per GPU",
+    "full_models": "Full models at fixed TP: memory and throughput per GPU",
+    "tp_scaling": "Scaling in TP for a fixed model",
+}
 
 
 def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[str], reference) -> tuple[list, list]:
@@ -156,15 +189,36 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
     pub = {k: published.lookup(figure, *p.paper_setting, p.variant, p.tree) for k, p in by_paper.items()}
     pred = {k: predicted_gb(p) for k, p in by_paper.items()}
     meas = {k: r.memory() * scale for k, r in by_run.items()}
-    _bars(axes[0], groups, series, lambda g, s: pub.get((g, s)), f"published ({published.HARDWARE.split(' (')[0]})",
-          "peak memory per GPU, GB")
+    _bars(
+        axes[0],
+        groups,
+        series,
+        lambda g, s: pub.get((g, s)),
+        f"published ({published.HARDWARE.split(' (')[0]})",
+        "peak memory per GPU, GB",
+    )
     if not any(v is not None for v in pub.values()):
-        axes[0].text(0.5, 0.5, "no published value\nat these settings", ha="center", va="center", transform=axes[0].transAxes)
-    _bars(axes[1], groups, series, lambda g, s: pred.get((g, s)), "cost model, paper scale", "predicted memory per GPU, GB")
+        axes[0].text(
+            0.5, 0.5, "no published value\nat these settings", ha="center", va="center", transform=axes[0].transAxes
+        )
+    _bars(
+        axes[1],
+        groups,
+        series,
+        lambda g, s: pred.get((g, s)),
+        "cost model, paper scale",
+        "predicted memory per GPU, GB",
+    )
     devices = ", ".join(sorted({r.device for r in runs}))
     run_groups = [f"{g}\n[{_run_setting(by_run[next(k for k in by_run if k[0] == g)].point)}]" for g in groups]
-    _bars(axes[2], run_groups, series, lambda g, s: meas.get((groups[run_groups.index(g)], s)), f"this run: {devices}",
-          f"peak memory per rank, {unit}")
+    _bars(
+        axes[2],
+        run_groups,
+        series,
+        lambda g, s: meas.get((groups[run_groups.index(g)], s)),
+        f"this run: {devices}",
+        f"peak memory per rank, {unit}",
+    )
     axes[0].legend(fontsize=7)
     rows, deviation = [], []
     for k, p in by_paper.items():
@@ -178,8 +232,14 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
         if r.at_paper_scale:
             deviation.append(f"measured {name} {meas[k] / pub[k] - 1:+.0%}")
         elif ref is not None and ref != k and ref in meas and pub.get(ref):
-            deviation.append(_ratio_deviation(f"{LABEL.get(p.variant, p.variant)}/{LABEL.get(ref[1], ref[1])} at {ref[0]}"
-                                              + (f" vs {k[0]}" if ref[0] != k[0] else ""), meas[k] / meas[ref], pub[k] / pub[ref]))
+            deviation.append(
+                _ratio_deviation(
+                    f"{LABEL.get(p.variant, p.variant)}/{LABEL.get(ref[1], ref[1])} at {ref[0]}"
+                    + (f" vs {k[0]}" if ref[0] != k[0] else ""),
+                    meas[k] / meas[ref],
+                    pub[k] / pub[ref],
+                )
+            )
     return rows, deviation
 
 
@@ -189,15 +249,19 @@ def _memory_figure(figure: str, runs: list[Run], output: str, groups_of, series:
     fig.suptitle(TITLE[figure], fontsize=10)
     caption = _caption(fig, figure, runs, deviation)
     _write_table(rows, output, caption)
-    return _save(fig, output)
+    return save(fig, output)
 
 
 def tokenization(paths: list[str], output: str) -> Path:
     runs = load(paths)
-    series = [v for v in ("tokenize", "tokenize+aggregate", "dist-tokenize", "dist-tokenize+gather-all")
-              if any(r.point.variant == v for r in runs)]
-    return _memory_figure("tokenization", runs, output, lambda p: _setting(*p.paper_setting), series,
-                          lambda p, k: (k[0], "tokenize"))
+    series = [
+        v
+        for v in ("tokenize", "tokenize+aggregate", "dist-tokenize", "dist-tokenize+gather-all")
+        if any(r.point.variant == v for r in runs)
+    ]
+    return _memory_figure(
+        "tokenization", runs, output, lambda p: _setting(*p.paper_setting), series, lambda p, k: (k[0], "tokenize")
+    )
 
 
 def tree(paths: list[str], output: str) -> Path:
@@ -211,19 +275,42 @@ def full_models(paths: list[str], output: str) -> Path:
     runs = load(paths)
     series = [v for v in ("baseline", "dchag-c", "dchag-l") if any(r.point.variant == v for r in runs)]
     fig, axes = plt.subplots(2, 3, figsize=(14, 8.4))
-    rows, deviation = _memory_panels(axes[0], "full_models", runs, lambda p: _setting(*p.paper_setting), series,
-                                     lambda p, k: (k[0], "baseline"))
+    rows, deviation = _memory_panels(
+        axes[0], "full_models", runs, lambda p: _setting(*p.paper_setting), series, lambda p, k: (k[0], "baseline")
+    )
     by = {(_setting(*r.point.paper_setting), r.point.variant): r for r in runs}
     groups = list(dict.fromkeys(g for g, _ in by))
-    pub = {k: published.lookup("full_models", *r.point.paper_setting, r.point.variant, 0, "tflops") for k, r in by.items()}
-    _bars(axes[1][0], groups, series, lambda g, s: pub.get((g, s)), "published TFLOPS/GPU (3 x forward FLOPs / step time)",
-          "TFLOPS/GPU")
+    pub = {
+        k: published.lookup("full_models", *r.point.paper_setting, r.point.variant, 0, "tflops") for k, r in by.items()
+    }
+    _bars(
+        axes[1][0],
+        groups,
+        series,
+        lambda g, s: pub.get((g, s)),
+        "published TFLOPS/GPU (3 x forward FLOPs / step time)",
+        "TFLOPS/GPU",
+    )
     if not any(v is not None for v in pub.values()):
-        axes[1][0].text(0.5, 0.5, "no published TFLOPS\nat these settings", ha="center", va="center", transform=axes[1][0].transAxes)
-    _bars(axes[1][1], groups, series, lambda g, s: by[(g, s)].data["tflops_per_gpu"] if (g, s) in by else None,
-          "this run: TFLOPS/GPU", "TFLOPS/GPU")
-    _bars(axes[1][2], groups, series, lambda g, s: by[(g, s)].data["samples_per_s_per_gpu"] if (g, s) in by else None,
-          "this run: samples/s per GPU (like for like)", "samples/s per GPU")
+        axes[1][0].text(
+            0.5, 0.5, "no published TFLOPS\nat these settings", ha="center", va="center", transform=axes[1][0].transAxes
+        )
+    _bars(
+        axes[1][1],
+        groups,
+        series,
+        lambda g, s: by[(g, s)].data["tflops_per_gpu"] if (g, s) in by else None,
+        "this run: TFLOPS/GPU",
+        "TFLOPS/GPU",
+    )
+    _bars(
+        axes[1][2],
+        groups,
+        series,
+        lambda g, s: by[(g, s)].data["samples_per_s_per_gpu"] if (g, s) in by else None,
+        "this run: samples/s per GPU (like for like)",
+        "samples/s per GPU",
+    )
     for k, r in by.items():
         rows.append(_row("full_models", r, r.point, "tflops", r.data["tflops_per_gpu"], pub[k], None, "TFLOPS/GPU"))
         ref = (k[0], "baseline")
@@ -232,15 +319,22 @@ def full_models(paths: list[str], output: str) -> Path:
         if r.at_paper_scale:
             deviation.append(f"TFLOPS {LABEL[k[1]]} {k[0]} {r.data['tflops_per_gpu'] / pub[k] - 1:+.0%}")
         else:
-            deviation.append(_ratio_deviation(f"TFLOPS {LABEL[k[1]]}/baseline at {k[0]}",
-                                              r.data["tflops_per_gpu"] / by[ref].data["tflops_per_gpu"], pub[k] / pub[ref]))
-    deviation.append("TFLOPS: no prediction (the cost model's compute rates are calibrated per machine with dchag calibrate; "
-                     "none for MI250X)")
+            deviation.append(
+                _ratio_deviation(
+                    f"TFLOPS {LABEL[k[1]]}/baseline at {k[0]}",
+                    r.data["tflops_per_gpu"] / by[ref].data["tflops_per_gpu"],
+                    pub[k] / pub[ref],
+                )
+            )
+    deviation.append(
+        "TFLOPS: no prediction (the cost model's compute rates are calibrated per machine with dchag calibrate; "
+        "none for MI250X)"
+    )
     fig.suptitle(TITLE["full_models"], fontsize=10)
     fig.tight_layout()
     caption = _caption(fig, "full_models", runs, deviation)
     _write_table(rows, output, caption)
-    return _save(fig, output)
+    return save(fig, output)
 
 
 def tp_scaling(paths: list[str], output: str) -> Path:
@@ -261,7 +355,9 @@ def tp_scaling(paths: list[str], output: str) -> Path:
             axes[0].plot(*zip(*known), "o", color=c, label=LABEL[v])
         axes[1].plot(tps, pred, "s--", color=c, label=LABEL[v])
         axes[2].plot([r.point.tp for r in rs], [r.memory() * scale for r in rs], "o-", color=c, label=LABEL[v])
-        axes[3].plot([r.point.tp for r in rs], [r.data["samples_per_s_per_gpu"] for r in rs], "o-", color=c, label=LABEL[v])
+        axes[3].plot(
+            [r.point.tp for r in rs], [r.data["samples_per_s_per_gpu"] for r in rs], "o-", color=c, label=LABEL[v]
+        )
         for r, y, yp in zip(rs, pub, pred):
             rows.append(_row("tp_scaling", r, r.point, "memory", r.memory() * scale, y, yp, unit))
             if y is not None:
@@ -272,11 +368,16 @@ def tp_scaling(paths: list[str], output: str) -> Path:
     for v in series:
         rs = sorted((r for r in runs if r.point.variant == v), key=lambda r: r.point.tp)
         if len(rs) > 1:
-            deviation.append(f"{LABEL[v]} memory TP{rs[-1].point.tp}/TP{rs[0].point.tp} here {rs[-1].memory() / rs[0].memory():.2f}"
-                             f" (predicted at paper scale {predicted_gb(rs[-1].point) / predicted_gb(rs[0].point):.2f})")
+            deviation.append(
+                f"{LABEL[v]} memory TP{rs[-1].point.tp}/TP{rs[0].point.tp} here {rs[-1].memory() / rs[0].memory():.2f}"
+                f" (predicted at paper scale {predicted_gb(rs[-1].point) / predicted_gb(rs[0].point):.2f})"
+            )
     setting = {_setting(r.point.paper_setting[0], r.point.paper_setting[1], 0).rsplit(",", 1)[0] for r in runs}
-    for ax, title, ylabel in zip(axes, ("published", "cost model, paper scale", f"this run: {runs[0].device}", "this run"),
-                                 ("memory per GPU, GB", "memory per GPU, GB", f"memory per rank, {unit}", "samples/s per GPU")):
+    for ax, title, ylabel in zip(
+        axes,
+        ("published", "cost model, paper scale", f"this run: {runs[0].device}", "this run"),
+        ("memory per GPU, GB", "memory per GPU, GB", f"memory per rank, {unit}", "samples/s per GPU"),
+    ):
         ax.set(title=title, xlabel="TP", ylabel=ylabel)
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
@@ -284,7 +385,7 @@ def tp_scaling(paths: list[str], output: str) -> Path:
     fig.suptitle(f"{TITLE['tp_scaling']} ({'; '.join(sorted(setting))})", fontsize=10)
     caption = _caption(fig, "tp_scaling", runs, deviation)
     _write_table(rows, output, caption)
-    return _save(fig, output)
+    return save(fig, output)
 
 
 def front_share(paths: list[str], output: str) -> Path:
@@ -295,7 +396,9 @@ def front_share(paths: list[str], output: str) -> Path:
     settings = list(dict.fromkeys(s for s, v in by if v == "baseline"))
     missing = [(s, v) for s in settings for v in ("tokenize", "tokenize+aggregate") if (s, v) not in by]
     if missing:
-        raise InputError(f"front_share needs tokenize and tokenize+aggregate points beside each baseline point; missing: {missing}")
+        raise InputError(
+            f"front_share needs tokenize and tokenize+aggregate points beside each baseline point; missing: {missing}"
+        )
 
     def shares(get) -> dict:
         out = {}
@@ -315,13 +418,19 @@ def front_share(paths: list[str], output: str) -> Path:
     def _meas(s, v):
         return by[(s, v)].memory()
 
-    panels = [("published", shares(_pub)), ("cost model, paper scale", shares(_pred)), (f"this run: {runs[0].device}", shares(_meas))]
+    panels = [
+        ("published", shares(_pub)),
+        ("cost model, paper scale", shares(_pred)),
+        (f"this run: {runs[0].device}", shares(_meas)),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
     names = ("tokenization", "+ aggregation", "rest (ViT, head, parameters, optimizer)")
     colors = ("#1f77b4", "#17becf", "#bbbbbb")
     for ax, (title, data) in zip(axes, panels):
-        labels = [_setting(*s) if "run" not in title else f"{_setting(*s)}\n[{_run_setting(by[(s, 'baseline')].point)}]"
-                  for s in settings]
+        labels = [
+            _setting(*s) if "run" not in title else f"{_setting(*s)}\n[{_run_setting(by[(s, 'baseline')].point)}]"
+            for s in settings
+        ]
         bottom = np.zeros(len(settings))
         for j, name in enumerate(names):
             vals = np.array([data[s][j] if s in data else np.nan for s in settings])
@@ -338,16 +447,24 @@ def front_share(paths: list[str], output: str) -> Path:
     for s in settings:
         for j, name in enumerate(names[:2]):
             p = pub_s.get(s)
-            rows.append({"figure": "front_share", "paper_setting": _setting(*s), "part": name,
-                         "published_share": p[j] if p else None, "predicted_share": pred_s[s][j],
-                         "measured_share": meas_s[s][j], "device": by[(s, "baseline")].device})
+            rows.append(
+                {
+                    "figure": "front_share",
+                    "paper_setting": _setting(*s),
+                    "part": name,
+                    "published_share": p[j] if p else None,
+                    "predicted_share": pred_s[s][j],
+                    "measured_share": meas_s[s][j],
+                    "device": by[(s, "baseline")].device,
+                }
+            )
             if p:
                 deviation.append(_ratio_deviation(f"{name} share at {_setting(*s)}", meas_s[s][j], p[j]))
                 deviation.append(f"predicted {name} share {pred_s[s][j]:.2f}")
     fig.suptitle(TITLE["front_share"], fontsize=10)
     caption = _caption(fig, "front_share", runs, deviation)
     _write_table(rows, output, caption)
-    return _save(fig, output)
+    return save(fig, output)
 
 
 # -- accuracy parity -------------------------------------------------------------------------
@@ -363,10 +480,13 @@ def accuracy(mae_logs: dict[str, str], forecast_logs: dict[str, str], comparison
         ax_pub.plot(published.MAE_EPOCHS, losses, "o-", color=COLOR[v], label=LABEL[v])
     ax_pub.set(title="published: hyperspectral MAE loss", xlabel="epoch", ylabel="loss", yscale="log")
     deviation = []
-    for ax, logs, title in ((ax_mae, mae_logs, "this run: hyperspectral MAE"), (ax_era, forecast_logs, "this run: ERA5 forecast")):
+    for ax, logs, title in (
+        (ax_mae, mae_logs, "this run: hyperspectral MAE"),
+        (ax_era, forecast_logs, "this run: ERA5 forecast"),
+    ):
         finals = {}
         for v, path in logs.items():
-            df = _read_csv(path, "training log")
+            df = read_csv(path, "training log")
             ax.plot(df["step"], df["loss"], color=COLOR[v], lw=1.1, label=f"{LABEL[v]} ({Path(path).parent.name})")
             val = df.dropna(subset=["val_loss"]) if "val_loss" in df else df.iloc[:0]
             if len(val):
@@ -374,7 +494,10 @@ def accuracy(mae_logs: dict[str, str], forecast_logs: dict[str, str], comparison
             finals[v] = float(df["loss"].tail(max(1, len(df) // 10)).mean())
         for v in finals:
             if v != "baseline" and "baseline" in finals:
-                deviation.append(f"{title.split(': ')[1]} final training loss {LABEL[v]}/baseline {finals[v] / finals['baseline']:.3f}")
+                deviation.append(
+                    f"{title.split(': ')[1]} final training loss "
+                    f"{LABEL[v]}/baseline {finals[v] / finals['baseline']:.3f}"
+                )
         ax.set(title=title, xlabel="step", ylabel="training loss (line), validation (markers)", yscale="log")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
@@ -385,36 +508,67 @@ def accuracy(mae_logs: dict[str, str], forecast_logs: dict[str, str], comparison
     # the %change table: every comparison (candidate vs baseline), metrics rmse and acc, 7/14/30 days
     rows = []
     for path in comparisons:
-        df = _read_csv(path, "comparison table")
-        cand = [c for c in df.columns if c not in ("variable", "lead_time_hours", "metric", "percent_change", "convention")]
+        df = read_csv(path, "comparison table")
+        cand = [
+            c for c in df.columns if c not in ("variable", "lead_time_hours", "metric", "percent_change", "convention")
+        ]
         for _, r in df[df.metric.isin(["rmse", "acc"])].iterrows():
-            rows.append({"comparison": Path(path).stem.removeprefix("comparison_"), "variable": r["variable"],
-                         "lead_days": int(r["lead_time_hours"]) // 24, "metric": r["metric"].upper().replace("ACC", "wACC"),
-                         "percent_change": r["percent_change"], **{c: r[c] for c in cand}})
+            rows.append(
+                {
+                    "comparison": Path(path).stem.removeprefix("comparison_"),
+                    "variable": r["variable"],
+                    "lead_days": int(r["lead_time_hours"]) // 24,
+                    "metric": r["metric"].upper().replace("ACC", "wACC"),
+                    "percent_change": r["percent_change"],
+                    **{c: r[c] for c in cand},
+                }
+            )
     table = pd.DataFrame(rows)
     ax_tab.axis("off")
     if len(table):
-        wide = table.pivot_table(index=["comparison", "metric"], columns=["variable", "lead_days"], values="percent_change")
+        wide = table.pivot_table(
+            index=["comparison", "metric"], columns=["variable", "lead_days"], values="percent_change"
+        )
         cells = [[f"{v:+.1f}%" if np.isfinite(v) else "" for v in row] for row in wide.values]
-        t = ax_tab.table(cellText=cells, rowLabels=[f"{c} {m}" for c, m in wide.index],
-                         colLabels=[f"{var} {d}d" for var, d in wide.columns], loc="upper center", cellLoc="center")
+        t = ax_tab.table(
+            cellText=cells,
+            rowLabels=[f"{c} {m}" for c, m in wide.index],
+            colLabels=[f"{var} {d}d" for var, d in wide.columns],
+            loc="upper center",
+            cellLoc="center",
+        )
         t.auto_set_font_size(False)
         t.set_fontsize(7)
         t.scale(1, 1.3)
-        ax_tab.set_title("ERA5: % change against the baseline (RMSE, wACC) at 7/14/30 days — this run; " + published.ERA5_NOTE,
-                         fontsize=8)
+        ax_tab.set_title(
+            "ERA5: % change against the baseline (RMSE, wACC) at 7/14/30 days — this run; " + published.ERA5_NOTE,
+            fontsize=8,
+        )
         worst = table.loc[table.percent_change.abs().idxmax()]
-        deviation.append(f"largest ERA5 |%change| {worst.percent_change:+.1f}% ({worst.comparison}, {worst.variable}, "
-                         f"{worst.metric}, {worst.lead_days} d)")
+        deviation.append(
+            f"largest ERA5 |%change| {worst.percent_change:+.1f}% ({worst.comparison}, {worst.variable}, "
+            f"{worst.metric}, {worst.lead_days} d)"
+        )
     fig.suptitle("Accuracy parity: baseline vs D-CHAG", fontsize=10)
     import textwrap
 
-    text = ("Reproduces the paper's accuracy-parity results: hyperspectral MAE loss (published: 1-GPU baseline vs -L on 2 GPUs, "
-            "500 bands, width 512, depth 8) and the ERA5 7/14/30-day %change table (baseline, -C, -L). Runs: "
-            + ", ".join(Path(p).parent.name for p in [*mae_logs.values(), *forecast_logs.values()]) + ". " + "; ".join(deviation))
+    text = (
+        "Reproduces the paper's accuracy-parity results: hyperspectral MAE loss "
+        "(published: 1-GPU baseline vs -L on 2 GPUs, 500 bands, width 512, depth 8) "
+        "and the ERA5 7/14/30-day %change table (baseline, -C, -L). Runs: "
+        + ", ".join(Path(p).parent.name for p in [*mae_logs.values(), *forecast_logs.values()])
+        + ". "
+        + "; ".join(deviation)
+    )
     fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, 190)), ha="left", va="top", fontsize=7)
     _write_table(rows or [{"note": "no comparison tables"}], output, text)
-    return _save(fig, output)
+    return save(fig, output)
 
 
-DRAW = {"front_share": front_share, "tokenization": tokenization, "tree": tree, "full_models": full_models, "tp_scaling": tp_scaling}
+DRAW = {
+    "front_share": front_share,
+    "tokenization": tokenization,
+    "tree": tree,
+    "full_models": full_models,
+    "tp_scaling": tp_scaling,
+}

@@ -1,0 +1,193 @@
+"""What can be checked about a training run before any job runs: its data section, its
+process layout, tensor parallelism against the model, the patch against the image, the mask
+ratio, the forecast outputs and leads, the batch against the data. The plan checks every run
+when the Snakefile is read (``dchag.plan.Plan``) and ``dchag train`` checks its run again (a
+run started by hand); torch-free, so planning stays fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import ConfigError, Settings, run_settings
+
+DATA_SECTIONS = {"forecast": ("era5", None), "mae": ("hsi", "mae"), "classification": ("hsi", "classification")}
+
+
+def era5_split_steps(era5: dict, split: str) -> int:
+    """Time steps of a split's years (the demo's days per year, else whole years)."""
+    import calendar
+
+    per_day = 24 // era5["time_step_hours"]
+    days = [
+        era5["demo_days"] if era5["demo"] and era5["demo_days"] else 365 + calendar.isleap(y)
+        for y in era5["years"][split]
+    ]
+    return sum(days) * per_day
+
+
+def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_size: int | None = None) -> None:
+    # ``runs``: the runs to look ``run`` up in (the plan's include the verification runs)
+    """Everything about training run ``run`` that can be checked before a job runs: its task's
+    data section, the process layout against the parallel section, tensor parallelism against
+    the heads and channels, the patch against the image or tile, the mask ratio against the
+    patch count, the forecast outputs and leads against the channels and time step, the batch
+    against the split's size. ``world_size``: the processes started (default: train.nproc x
+    train.nodes). Raises ConfigError naming the key and value."""
+    from .layout import ParallelConfigError, data_parallel_size
+
+    runs = runs if runs is not None else s.train.runs
+    key = f"train.runs.{run}"
+    spec = runs[run]
+    task = spec["task"]
+    section, sub = DATA_SECTIONS[task]
+    data = getattr(s, section)
+    if data is None or (sub is not None and sub not in data):
+        need = f"{section}.{sub}" if sub else section
+        raise ConfigError(f"config key '{key}': task {task!r} needs an '{need}' section (the data it trains on)")
+    r = run_settings({**s.raw, "train": {**s.raw.get("train", {}), "runs": runs}}, run)
+    m, par, t = r.model, r.parallel, r.train
+    check_init(s, run, runs)
+    world = world_size or t.nproc * t.nodes
+    try:
+        dp = data_parallel_size(par.tp, par.data_parallel, world)
+    except ParallelConfigError as err:
+        started = f"{world} processes started" if world_size else f"train.nproc {t.nproc} x train.nodes {t.nodes}"
+        raise ConfigError(f"config key '{key}': {err} ({started})") from None
+    if m.embed_dim % m.num_heads:
+        raise ConfigError(
+            f"config key '{key}': model.embed_dim {m.embed_dim} is not divisible by model.num_heads {m.num_heads}"
+        )
+    if par.tp > 1 and m.num_heads % par.tp:
+        raise ConfigError(
+            f"config key '{key}': model.num_heads {m.num_heads} is not divisible by parallel.tp "
+            f"{par.tp} (tensor parallelism splits the heads)"
+        )
+    hierarchical = m.aggregation != "baseline"
+    if par.strategy == "dchag":
+        if par.tp > 1 and not hierarchical:
+            raise ConfigError(f"config key '{key}': parallel.strategy dchag needs model.aggregation linear or cross")
+        if hierarchical and par.tp > 1 and (m.groups or par.tp) != par.tp:
+            raise ConfigError(
+                f"config key '{key}': D-CHAG needs one channel group per tensor-parallel rank: "
+                f"model.groups {m.groups} with parallel.tp {par.tp}"
+            )
+    groups = (m.groups or par.tp) if hierarchical else 1
+    if task == "forecast":
+        from .era5.source import channel_names, forecast_outputs
+        from .grids import weatherbench_grid
+
+        era5 = s.era5
+        names = channel_names(era5)
+        unknown = [c for c in (spec.get("channels") or []) if c not in names]
+        if unknown:
+            raise ConfigError(f"config key '{key}.channels': {unknown} are not era5 channels ({', '.join(names)})")
+        if spec.get("channels"):
+            names = [n for n in names if n in spec["channels"]]
+        if groups > len(names):
+            raise ConfigError(f"config key '{key}': {groups} channel groups for the {len(names)} input channels")
+        outputs = forecast_outputs(t.forecast.outputs, names)
+        unknown = [o for o in outputs if o not in names]
+        if unknown or not outputs:
+            raise ConfigError(
+                f"config key 'train.forecast.outputs' (run {run}): {unknown or outputs} are not input "
+                f"channels; the channels are {', '.join(names)}"
+            )
+        h, w = weatherbench_grid(era5["grid"]).shape
+        if h % m.patch_size or w % m.patch_size:
+            raise ConfigError(
+                f"config key '{key}': model.patch_size {m.patch_size} does not divide the "
+                f"{era5['grid']} deg grid ({h} x {w})"
+            )
+        step = era5["time_step_hours"]
+        lo, hi = t.forecast.lead_hours
+        if lo > hi or lo % step or hi % step:
+            raise ConfigError(
+                f"config key 'train.forecast.lead_hours' (run {run}): [{lo}, {hi}] must be multiples "
+                f"of era5.time_step_hours {step}, lowest first"
+            )
+        samples = era5_split_steps(era5, "train") - hi // step
+        if samples < t.batch_size * dp:
+            raise ConfigError(
+                f"config key '{key}': the training years have {max(samples, 0)} samples at lead up to "
+                f"{hi} h, fewer than one batch of {t.batch_size} on each of {dp} data-parallel "
+                "rank(s); lower train.batch_size or train.forecast.lead_hours, or add years"
+            )
+    else:
+        if spec.get("channels"):
+            raise ConfigError(f"config key '{key}.channels': a channel subset is for forecast runs (ERA5 channels)")
+        hsi = s.hsi
+        size = hsi["mae"]["tile"] if task == "mae" else hsi["classification"]["patch"]
+        what = "hsi.mae.tile" if task == "mae" else "hsi.classification.patch"
+        if size % m.patch_size:
+            raise ConfigError(f"config key '{key}': model.patch_size {m.patch_size} does not divide {what} {size}")
+        if task == "mae":
+            patches = (size // m.patch_size) ** 2
+            keep = max(1, int(round(patches * (1 - t.mae.mask_ratio))))
+            if keep >= patches:
+                raise ConfigError(
+                    f"config key 'train.mae.mask_ratio' (run {run}): {t.mae.mask_ratio} masks none of "
+                    f"the {patches} patches of a tile; at least one must be masked and one kept"
+                )
+
+
+FAMILIES = {"forecast": "ERA5 channels", "mae": "hyperspectral bands", "classification": "hyperspectral bands"}
+
+
+def init_source(run: str, runs: dict[str, dict]) -> tuple[str, str] | None:
+    """("run", name) or ("model", path) of a run's init_from, or None."""
+    src = runs[run].get("init_from")
+    if src is None:
+        return None
+    return ("run", src) if src in runs else ("model", src)
+
+
+def check_init(s: Settings, run: str, runs: dict[str, dict]) -> None:
+    """A run's init_from names a run of train.runs or an exported model folder, follows no
+    cycle, comes from data of the same family (named ERA5 channels, or bands); freezing needs
+    a source, a linear probe a classifier."""
+    key = f"train.runs.{run}"
+    spec = runs[run]
+    r = run_settings({**s.raw, "train": {**s.raw.get("train", {}), "runs": runs}}, run)
+    if (r.train.freeze or r.train.linear_probe) and not spec.get("init_from"):
+        raise ConfigError(
+            f"config key '{key}': train.freeze / train.linear_probe freeze pretrained parts; give init_from "
+            "(a run or an exported model) to start from"
+        )
+    if r.train.linear_probe and spec["task"] != "classification":
+        raise ConfigError(
+            f"config key '{key}': train.linear_probe trains a classifier head; this is a {spec['task']} run"
+        )
+    source = init_source(run, runs)
+    if source is None:
+        return
+    kind, name = source
+    if kind == "run":
+        seen = [run]
+        while kind == "run":
+            if name in seen:
+                raise ConfigError(f"config key '{key}.init_from': a cycle: {' -> '.join([*seen, name])}")
+            seen.append(name)
+            nxt = init_source(name, runs)
+            if nxt is None:
+                break
+            kind, name = nxt
+        src_task = runs[spec["init_from"]]["task"]
+    else:
+        meta = Path(name) / "model.json"
+        if not meta.is_file():
+            raise ConfigError(
+                f"config key '{key}.init_from': {name!r} names no run of train.runs ({', '.join(runs)}) and no "
+                f"exported model folder (no {meta})"
+            )
+        try:
+            src_task = json.loads(meta.read_text()).get("task")
+        except (ValueError, AttributeError) as err:
+            raise ConfigError(f"config key '{key}.init_from': {meta} is not a dchag model description: {err}") from None
+        if src_task not in FAMILIES:
+            raise ConfigError(f"config key '{key}.init_from': {meta} describes no dchag model (task {src_task!r})")
+    if FAMILIES[src_task] != FAMILIES[spec["task"]]:
+        raise ConfigError(
+            f"config key '{key}.init_from': a {src_task} model reads {FAMILIES[src_task]}, this {spec['task']} run "
+            f"reads {FAMILIES[spec['task']]}: nothing to match its channels by"
+        )

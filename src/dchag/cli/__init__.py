@@ -1,0 +1,70 @@
+"""The ``dchag`` command: one subcommand per pipeline stage.
+
+Each Snakemake rule calls exactly one of these; each is also usable on its own. A user's
+mistake (any :class:`dchag.errors.DchagError`) ends the command with one line naming the
+file, key or value at fault (exit status 2), never a traceback; ``-v`` shows the traceback.
+Anything else is a bug and keeps its traceback.
+
+Every stage has its module here (``era5``, ``hsi``, ``train``, ``evaluate``, ``predict``, ``figures``,
+``paper``, ``benefit``, ``pipeline``) that registers its subcommands beside their handlers; a handler
+only turns flags into a call of the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .. import __version__
+from . import benefit, era5, evaluate, figures, hsi, paper, pipeline, predict, train
+
+DESCRIPTION = """The dchag pipeline's stages, one subcommand each (every Snakemake rule calls one).
+
+A mistake in an input, file or setting, or a disk that is full or read-only, ends a command
+with one line naming what is at fault (exit status 2); -v shows the traceback."""
+
+STAGES = (era5, hsi, train, evaluate, predict, figures, paper, benefit, pipeline)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dchag", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"dchag {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages and show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(func=func)
+        return sp
+
+    for stage in STAGES:
+        stage.register(add)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    from ..errors import DchagError
+    from ..store import write_error
+
+    try:
+        args.func(args)
+    except DchagError as err:
+        if args.verbose:
+            raise
+        print(f"dchag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        cause = write_error(err)  # a full disk or a read-only place is the machine's state, not a bug
+        if cause is None or args.verbose:
+            raise
+        print(f"dchag {args.command}: error: cannot write {cause.filename or ''}: {cause.strerror}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,137 @@
+"""Does D-CHAG pay off on a cluster: measure it (``calibrate``), predict every strategy
+(``advise``), and the verification experiment's verdict (``verify-report``)."""
+
+from __future__ import annotations
+
+from .common import config, pairs
+
+VERIFY_COLUMNS = [
+    "run",
+    "repeats",
+    "step_s",
+    "step_s_min",
+    "step_s_max",
+    "comm_s",
+    "peak_mem_mib_max_rank",
+    "final_val_loss",
+    "step_time_change",
+    "verdict",
+]
+
+
+def cmd_calibrate(args) -> None:
+    from ..benefit.calibrate import calibrate
+
+    hw = calibrate(
+        config(args) if args.config else None,
+        args.output,
+        repeats=args.repeats,
+        channels=args.channels,
+        batch=args.batch,
+    )
+    if hw is None:  # not rank 0
+        return
+    line = f"alpha {hw.alpha * 1e6:.1f} us, intra {hw.intra_bw / 1e9:.3f} GB/s, inter {hw.inter_bw / 1e9:.3f} GB/s"
+    if "compute" in hw.measured:
+        line += (
+            ", compute {flops_per_s:.3g} FLOP/s, memory {mem_bw:.3g} B/s, {op_s:.2g} s/op; model step "
+            "{model_step_s:.4f} s measured, {microbenchmark_step_s:.4f} s from the microbenchmarks "
+            "(efficiency {efficiency:.2f})"
+        ).format(**hw.measured["compute"])
+    print(f"{line} -> {args.output}")
+
+
+def cmd_advise(args) -> None:
+    from ..benefit import advise
+    from ..config import ConfigError
+
+    hw = advise.hardware(args.hardware, args.alpha, args.intra_bw, args.inter_bw, args.gpus_per_node)
+    if args.gradient_bytes is not None:
+        if args.compute_s is None:
+            raise ConfigError("--gradient-bytes (the seed article's model) needs --compute-s")
+        result = advise.article(
+            args.gradient_bytes, args.compute_s, hw, args.gpus, args.gpus_per_node, args.delta_alpha
+        )
+    elif args.model:
+        result = advise.advise_config(
+            args.model,
+            hw,
+            args.gpus,
+            args.gpus_per_node,
+            args.channels,
+            args.batch,
+            tuple(args.image) if args.image else None,
+            args.flops_per_s,
+            args.gpu_memory_gb * 1e9 if args.gpu_memory_gb else None,
+        )
+    else:
+        raise ConfigError("give --model FILE (a config with a model section), or --gradient-bytes and --compute-s")
+    print(advise.format_table(result))
+    if args.output:
+        advise.write(result, args.output)
+
+
+def cmd_verify_report(args) -> None:
+    from pathlib import Path
+
+    from ..benefit import verify
+    from ..figures.verify import verification
+
+    runs = {name: Path(path) for name, path in pairs(args.runs, "verify-report").items()}
+    df = verify.summarize(runs, tolerance=args.tolerance)
+    verify.write(df, args.output)
+    verification(runs, df, args.figure)
+    print(df[VERIFY_COLUMNS].to_string(index=False))
+
+
+def register(add) -> None:
+    sp = add(
+        "calibrate",
+        cmd_calibrate,
+        "measure all-reduce/all-gather (alpha, bandwidth; intra/inter node) and a model's compute: a hardware profile "
+        "(run under torchrun)",
+    )
+    sp.add_argument("--config", help="config whose model's step time is measured (optional)")
+    sp.add_argument("--channels", type=int)
+    sp.add_argument("--batch", type=int)
+    sp.add_argument("--repeats", type=int, default=5)
+    sp.add_argument("--output", default="hw.yaml")
+
+    sp = add("advise", cmd_advise, "predict step time, communication and memory per strategy; recommend one")
+    sp.add_argument("--hardware", help="profile from `dchag calibrate`")
+    sp.add_argument("--alpha", type=float, help="seconds per message step")
+    sp.add_argument("--intra-bw", type=float, help="bytes/s within a node")
+    sp.add_argument("--inter-bw", type=float, help="bytes/s between nodes")
+    sp.add_argument("--model", help="config YAML with the model (and era5 channels/grid)")
+    sp.add_argument("--channels", type=int)
+    sp.add_argument("--image", type=int, nargs=2, metavar=("H", "W"))
+    sp.add_argument("--batch", type=int, help="micro-batch per GPU (default: train.batch_size)")
+    sp.add_argument("--gpus", type=int, required=True)
+    sp.add_argument("--gpus-per-node", type=int, required=True)
+    sp.add_argument(
+        "--flops-per-s",
+        type=float,
+        help="sustained matmul FLOP/s per GPU (default: the profile's measured rate; "
+        "without a profile's other rates the model counts FLOPs only)",
+    )
+    sp.add_argument(
+        "--gpu-memory-gb", type=float, help="memory per GPU: strategies that do not fit are not recommended"
+    )
+    sp.add_argument(
+        "--gradient-bytes", type=float, help="the seed article's model: gradient bytes per step (with --compute-s)"
+    )
+    sp.add_argument("--compute-s", type=float, help="the seed article's model: compute time per step")
+    sp.add_argument("--delta-alpha", type=float, default=2e-3, help="the article's added fixed overhead (s)")
+    sp.add_argument("--output", help=".json (everything) or .md (the table)")
+
+    sp = add(
+        "verify-report",
+        cmd_verify_report,
+        "the verification experiment's verdict table and figure, from its training logs",
+    )
+    sp.add_argument("runs", nargs="+", help="NAME=RUN_DIR (with log.csv and ranks.csv); verify-dp is the reference")
+    sp.add_argument(
+        "--tolerance", type=float, default=0.05, help="relative validation-loss rise still counted as no accuracy loss"
+    )
+    sp.add_argument("--output", required=True, help="verdict CSV")
+    sp.add_argument("--figure", required=True, help=".png (a .pdf is written beside it)")

@@ -1,0 +1,202 @@
+"""Evaluation: forecasts (the model's and the reference ones) and their scores, the
+hyperspectral reconstruction and classification scores, and the comparison tables."""
+
+from __future__ import annotations
+
+from .common import config, config_arg
+
+
+def cmd_era5_truth(args) -> None:
+    from ..evaluate.forecast import write_truth
+
+    write_truth(args.data, args.variables, args.output)
+
+
+def cmd_wb2_climatology(args) -> None:
+    from ..evaluate.forecast import wb2_climatology
+
+    wb2_climatology(args.climatology, args.output)
+
+
+def cmd_forecast(args) -> None:
+    from ..evaluate.forecast import model_forecast
+
+    model_forecast(
+        config(args), args.run, args.checkpoint, args.data, args.lead_hours, args.output, batch_size=args.batch_size
+    )
+
+
+def cmd_baseline_forecast(args) -> None:
+    from ..evaluate.forecast import baseline_forecast
+
+    baseline_forecast(args.kind, args.data, args.variables, args.lead_hours, args.output, args.climatology)
+
+
+def cmd_score(args) -> None:
+    from ..evaluate.score import score_files, write_csv
+
+    df = score_files(
+        args.forecast,
+        args.truth,
+        args.climatology,
+        args.convention,
+        args.batch_size,
+        args.metrics,
+        args.variables,
+        args.lead_hours,
+        args.regrid,
+    )
+    write_csv(df, args.output)
+    print(df.pivot_table(index=["variable", "lead_time_hours"], columns="metric", values="value").to_string())
+
+
+def cmd_compare_scores(args) -> None:
+    from ..evaluate.compare import percent_change
+    from ..evaluate.score import write_csv
+
+    df = percent_change(args.baseline, args.candidate, args.baseline_name, args.candidate_name)
+    write_csv(df, args.output)
+    table = df.pivot_table(
+        index=["convention", "variable", "lead_time_hours"], columns="metric", values="percent_change"
+    )
+    print(table.round(2).to_string())
+
+
+def cmd_score_recon(args) -> None:
+    from ..evaluate.recon import score_files, write_json
+
+    out = score_files(args.truth, args.pred, args.band_axis, args.data_range)
+    write_json(out, args.output)
+    print(" ".join(f"{k}={out[k]:.6g}" for k in ("rmse", "psnr", "psnr_band_mean", "ssim", "sam", "ergas")))
+
+
+def _hsi_store(args, cfg: dict, task: str) -> str:
+    """--data, or where the pipeline puts the task's store (results/<name>/hsi/)."""
+    from ..plan import default_stores
+
+    return args.data or str(default_stores(cfg, task)["train"])
+
+
+def cmd_evaluate_mae(args) -> None:
+    from ..evaluate.hsi import evaluate_mae
+
+    cfg = config(args)
+    r = evaluate_mae(cfg, args.run, args.checkpoint, args.output, args.samples, _hsi_store(args, cfg, "mae"))
+    for region in ("masked", "full"):
+        print(region, " ".join(f"{k}={r[region][k]:.4g}" for k in ("rmse", "psnr", "ssim", "sam", "ergas")))
+
+
+def cmd_evaluate_classification(args) -> None:
+    from ..evaluate.hsi import evaluate_classification
+
+    cfg = config(args)
+    r = evaluate_classification(
+        cfg, args.run, args.checkpoint, args.output, args.per_class, args.map, _hsi_store(args, cfg, "classification")
+    )
+    print(f"OA {r['overall_accuracy']:.4f}  AA {r['average_accuracy']:.4f}  kappa {r['kappa']:.4f}")
+
+
+def cmd_hsi_scores(args) -> None:
+    from ..evaluate.compare import hsi_table
+    from ..evaluate.score import write_csv
+
+    write_csv(hsi_table(args.files), args.output)
+
+
+def _trained_run_args(sp, store: bool = True) -> None:
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
+    sp.add_argument("--checkpoint", required=True, help="the run's final/ (or checkpoints/step_N) directory")
+    if store:
+        sp.add_argument(
+            "--data", help="the hyperspectral store to score on (its test group; default under results/<name>)"
+        )
+
+
+def register(add) -> None:
+    sp = add(
+        "era5-truth",
+        cmd_era5_truth,
+        "write a split's verifying fields in physical units (WeatherBench 2 layout) for scoring",
+    )
+    sp.add_argument("--data", required=True, help="normalised split store (e.g. results/<name>/era5/test.zarr)")
+    sp.add_argument("--variables", nargs="+", required=True)
+    sp.add_argument("--output", required=True)
+
+    sp = add(
+        "wb2-climatology",
+        cmd_wb2_climatology,
+        "the pipeline's climatology in WeatherBench 2's layout (long names, level, latitude/longitude)",
+    )
+    sp.add_argument("--climatology", required=True, help="a store of `dchag era5-climatology`")
+    sp.add_argument("--output", required=True, help="Zarr: <variable>(dayofyear[, hour], [level], latitude, longitude)")
+
+    sp = add(
+        "forecast", cmd_forecast, "run a trained forecast model over a split: a WeatherBench-layout Zarr of forecasts"
+    )
+    _trained_run_args(sp, store=False)
+    sp.add_argument("--data", required=True, help="normalised split store to initialise from")
+    sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
+    sp.add_argument("--batch-size", type=int, default=32)
+    sp.add_argument("--output", required=True)
+
+    sp = add("baseline-forecast", cmd_baseline_forecast, "persistence or climatology forecasts in the same layout")
+    sp.add_argument("--kind", choices=["persistence", "climatology"], required=True)
+    sp.add_argument("--data", required=True, help="normalised split store")
+    sp.add_argument("--variables", nargs="+", required=True)
+    sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
+    sp.add_argument("--climatology", help="day-of-year climatology (needed for --kind climatology)")
+    sp.add_argument("--output", required=True)
+
+    sp = add("score", cmd_score, "latitude-weighted RMSE, MSE and ACC of a forecast file against a truth file")
+    sp.add_argument("--forecast", required=True, help="netCDF/Zarr: (time, [prediction_timedelta|lead_time,] lat, lon)")
+    sp.add_argument("--truth", required=True, help="netCDF/Zarr: (time, lat, lon)")
+    sp.add_argument(
+        "--climatology", help="netCDF/Zarr: (dayofyear[, hour], [level], lat, lon); required for ACC under wb2"
+    )
+    sp.add_argument("--convention", choices=["wb2", "climax"], required=True)
+    sp.add_argument("--batch-size", type=int, help="climax ACC: samples per batch (default: all in one)")
+    sp.add_argument("--metrics", nargs="+", choices=["rmse", "mse", "acc"], help="default: all three")
+    sp.add_argument("--variables", nargs="+", help="default: every lat-lon variable of the forecast")
+    sp.add_argument(
+        "--lead-hours", type=float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)"
+    )
+    sp.add_argument("--regrid", choices=["bilinear", "conservative"], help="regrid the forecast onto the truth's grid")
+    sp.add_argument("--output", required=True, help="CSV: variable, lead_time_hours, metric, value, convention")
+
+    sp = add(
+        "compare-scores",
+        cmd_compare_scores,
+        "percent change of one run's scores against another's (the paper's table)",
+    )
+    sp.add_argument("--baseline", required=True)
+    sp.add_argument("--candidate", required=True)
+    sp.add_argument("--baseline-name", default="baseline")
+    sp.add_argument("--candidate-name", default="dchag")
+    sp.add_argument("--output", required=True)
+
+    sp = add("score-recon", cmd_score_recon, "reconstruction scores (RMSE, PSNR, SSIM, SAM, ERGAS) of two .npy cubes")
+    sp.add_argument("--truth", required=True, help=".npy cube")
+    sp.add_argument("--pred", required=True, help=".npy cube of the same shape")
+    sp.add_argument("--band-axis", type=int, default=-1)
+    sp.add_argument("--data-range", type=float, help="for PSNR and SSIM (default: the truth's max - min)")
+    sp.add_argument("--output", required=True, help="JSON")
+
+    sp = add("evaluate-mae", cmd_evaluate_mae, "reconstruction scores of a masked-autoencoder run on the test tiles")
+    _trained_run_args(sp)
+    sp.add_argument("--output", required=True, help="JSON: masked-patch and full-tile scores")
+    sp.add_argument("--samples", required=True, help=".npz of a few reconstructed tiles (for the figure)")
+
+    sp = add(
+        "evaluate-classification",
+        cmd_evaluate_classification,
+        "classification scores of a run on the test patches, and its class map",
+    )
+    _trained_run_args(sp)
+    sp.add_argument("--output", required=True, help="JSON: OA, AA, kappa, per class, confusion matrix")
+    sp.add_argument("--per-class", required=True, help="CSV: per-class table")
+    sp.add_argument("--map", required=True, help=".npz: truth, predicted and split maps (for the figure)")
+
+    sp = add("hsi-scores", cmd_hsi_scores, "one CSV of the hyperspectral scores of several runs")
+    sp.add_argument("files", nargs="+", help="evaluate-mae / evaluate-classification JSON files")
+    sp.add_argument("--output", required=True)

@@ -1,0 +1,96 @@
+"""Using a trained model: ``export`` (the self-describing model folder) and ``predict``
+(forecasts, classification maps, reconstructions of new data)."""
+
+from __future__ import annotations
+
+from .common import config_arg
+
+
+def _model(args):
+    from ..config import load_config
+    from ..predict.artifact import open_model
+
+    cfg = load_config(args.config) if args.config else None
+    return open_model(args.model, cfg, args.run, args.checkpoint, args.data)
+
+
+def cmd_export(args) -> None:
+    from ..config import load_config
+    from ..predict.artifact import export
+
+    export(load_config(args.config), args.run, args.checkpoint, args.output, args.data)
+    print(f"exported {args.run} to {args.output}")
+
+
+def cmd_predict(args) -> None:
+    from ..errors import DchagError
+
+    model = _model(args)
+    if model.task == "forecast":
+        from ..predict import weather
+
+        if bool(args.store) == bool(args.input):
+            raise DchagError(
+                "a forecast starts from --store STORE (a date range of it) or --input FILE ..., one of them"
+            )
+        if not args.lead_hours:
+            raise DchagError("a forecast needs --lead-hours")
+        inputs = (
+            weather.from_store(model, args.store, args.init_start, args.init_end)
+            if args.store
+            else weather.from_files(model, args.input, args.init_start, args.init_end)
+        )
+        out = weather.forecast(model, inputs, args.lead_hours, args.output, args.batch_size)
+        if out is not None:
+            print(f"{len(inputs.times)} forecast(s) at {args.lead_hours} h -> {out}")
+        return
+    from ..predict import hsi
+
+    if not args.image:
+        raise DchagError(f"a {model.task} model is applied to an image: give --image FILE")
+    if model.task == "classification":
+        made = hsi.classify_scene(model, args.image, args.output, args.image_key, args.batch_size * 32)
+    else:
+        made = hsi.reconstruct_image(model, args.image, args.output, args.image_key, args.batch_size)
+    print(" ".join(f"{k}={v}" for k, v in made.items() if k != "scores"))
+
+
+def _run_args(sp, required: bool) -> None:
+    config_arg(sp, required=required, help_="the run's config (YAML or JSON)")
+    sp.add_argument("--run-name", dest="run", required=required, help="a run of the config's train.runs")
+    sp.add_argument("--checkpoint", required=required, help="the run's final/ (or checkpoints/step_N) directory")
+    sp.add_argument("--data", help="the run's training store (default: where the pipeline puts it, results/<name>/)")
+
+
+def register(add) -> None:
+    sp = add(
+        "export",
+        cmd_export,
+        "write a trained run as one self-describing model folder (model.safetensors + model.json)",
+    )
+    _run_args(sp, required=True)
+    sp.add_argument("--output", required=True, help="the model folder to write")
+
+    sp = add(
+        "predict",
+        cmd_predict,
+        "apply a trained run or an exported model to new data: forecasts (WeatherBench 2 layout), "
+        "a classification map or reconstructions of a hyperspectral image",
+    )
+    sp.add_argument("--model", help="an exported model folder (dchag export); or give the run (--config ...)")
+    _run_args(sp, required=False)
+    sp.add_argument("--store", help="forecast: a dchag ERA5 store (a split or a year) to start from")
+    sp.add_argument(
+        "--input", nargs="+", help="forecast: your own initial conditions (netCDF, GRIB, Zarr in an ERA5 layout)"
+    )
+    sp.add_argument("--init-start", help="forecast: the first initialisation time (default: the first there)")
+    sp.add_argument("--init-end", help="forecast: the last initialisation time (default: the last there)")
+    sp.add_argument("--lead-hours", type=int, nargs="+", help="forecast: lead times in hours")
+    sp.add_argument("--image", help="hyperspectral: the image (any kind the hsi readers take)")
+    sp.add_argument("--image-key", help="hyperspectral: the image's variable in a .mat file")
+    sp.add_argument("--batch-size", type=int, default=16)
+    sp.add_argument(
+        "--output",
+        required=True,
+        help="Zarr store (a PNG, and a GeoTIFF where the image has a georeference, beside it)",
+    )

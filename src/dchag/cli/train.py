@@ -1,0 +1,141 @@
+"""Training: one run under torchrun (``train``), its launcher (``launch-train``), the summary
+of several runs, and the model's parameter counts."""
+
+from __future__ import annotations
+
+from .common import config, config_arg
+
+
+def _stores(args, cfg: dict, task: str) -> dict[str, str]:
+    """The run's train/val stores: as given, else where the pipeline puts them (results/<name>);
+    a hyperspectral store holds both groups, so its val store defaults to the training store."""
+    from ..plan import default_stores
+
+    default = default_stores(cfg, task)
+    train = args.train_data or str(default["train"])
+    return {"train": train, "val": args.val_data or (str(default["val"]) if task == "forecast" else train)}
+
+
+def cmd_train(args) -> None:
+    from ..config import run_settings
+    from ..train.trainer import main as train_main
+
+    cfg = config(args)
+    train_main(cfg, args.run, args.output, _stores(args, cfg, run_settings(cfg, args.run).task), args.init_from)
+
+
+def cmd_launch_train(args) -> None:
+    from ..config import run_settings
+    from ..train.launch import launch
+    from ..train.lock import RunLock
+
+    cfg = config(args)
+    run = run_settings(cfg, args.run)  # an unknown run fails here, not in every rank
+    RunLock(args.output).check_free()  # and a run directory in use, before torchrun starts
+    train, stores = run.train, _stores(args, cfg, run.task)
+    launch(
+        args.nproc or train.nproc,
+        train.max_restarts if args.max_restarts is None else args.max_restarts,
+        [
+            "--config",
+            args.config,
+            "--run-name",
+            args.run,
+            "--output",
+            args.output,
+            "--train-data",
+            stores["train"],
+            "--val-data",
+            stores["val"],
+            *(["--init-from", args.init_from] if args.init_from else []),
+        ],
+        args.threads_per_rank,
+    )
+
+
+def cmd_train_summary(args) -> None:
+    from ..train.summary import summarize
+
+    for r in summarize(args.logs, args.output):
+        print(
+            f"{r['run']:22s} loss {r['loss_first']:.4f} -> {r['loss_last']:.4f} ({r['loss_fall_pct']:.0f}% lower); "
+            f"val {r['val_loss_last']:.4f} ({r['val_loss_vs_baseline_pct']:+.1f}% vs baseline)"
+        )
+
+
+def cmd_describe_model(args) -> None:
+    from dataclasses import replace
+
+    from .. import jsonio
+    from ..config import settings
+    from ..era5.source import forecast_model_config
+    from ..model.describe import describe, format_table
+
+    cfg = settings(config(args))
+    mcfg = forecast_model_config(cfg, in_channels=args.channels)  # the config's ERA5 grid and channels
+    if args.task != "forecast":
+        classes = args.num_classes or (16 if args.task == "classification" else 0)
+        mcfg = replace(mcfg, task=args.task, out_channels=[], num_classes=classes)
+    groups = args.groups or cfg.parallel.tp
+    rows = describe(mcfg, groups)
+    print(jsonio.dumps(rows, indent=1) if args.json else format_table(rows, mcfg, groups))
+
+
+def _train_data_args(sp) -> None:
+    sp.add_argument(
+        "--init-from",
+        help="an exported model folder to start from (the run's init_from; a source run's <run>/model)",
+    )
+    sp.add_argument(
+        "--train-data",
+        help="training store (default: the task's store under results/<name>: "
+        "era5/train.zarr, hsi/mae.zarr or hsi/classification.zarr)",
+    )
+    sp.add_argument(
+        "--val-data",
+        help="validation store (default: era5/val.zarr under results/<name>; for "
+        "hyperspectral tasks the training store, whose val group is read)",
+    )
+
+
+def register(add) -> None:
+    sp = add(
+        "train", cmd_train, "train one run (the torchrun entry point: torchrun --nproc-per-node N -m dchag train ...)"
+    )
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
+    sp.add_argument(
+        "--output", required=True, help="run directory: checkpoints/, final/, log.csv, tensorboard/, run.json"
+    )
+    _train_data_args(sp)
+
+    sp = add(
+        "launch-train",
+        cmd_launch_train,
+        "start `dchag train` under torchrun: standalone, or per node with c10d rendezvous from a Slurm allocation",
+    )
+    config_arg(sp)
+    sp.add_argument("--run-name", dest="run", required=True)
+    sp.add_argument("--output", required=True)
+    _train_data_args(sp)
+    sp.add_argument("--nproc", type=int, help="processes per node (default: train.nproc)")
+    sp.add_argument("--max-restarts", type=int, help="default: train.max_restarts")
+    sp.add_argument(
+        "--threads-per-rank",
+        type=int,
+        help="OpenMP/MKL/BLAS threads of each rank (default: the environment's, as torchrun passes them)",
+    )
+
+    sp = add("train-summary", cmd_train_summary, "table of losses per run and D-CHAG vs baseline, from training logs")
+    sp.add_argument("logs", nargs="+", help="log.csv files of training runs")
+    sp.add_argument("--output", required=True)
+
+    sp = add(
+        "describe-model", cmd_describe_model, "parameter counts per part, for the baseline and each D-CHAG variant"
+    )
+    config_arg(sp)
+    sp.add_argument("--task", choices=["forecast", "mae", "classification"], default="forecast")
+    sp.add_argument("--channels", type=int, help="count for this many input channels instead of the config's")
+    sp.add_argument("--groups", type=int, help="channel groups / TP ranks (default: parallel.tp)")
+    sp.add_argument("--num-classes", type=int, default=0)
+    sp.add_argument("--json", action="store_true")

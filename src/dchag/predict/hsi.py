@@ -1,0 +1,245 @@
+"""A hyperspectral model applied to a new image, read and normalised as in training.
+
+* Classification: every pixel's window (the training patch size, reflect-padded at the
+  edges as the training patches are, ``dchag.hsi.samples``) classified; a Zarr store with
+  ``label(y, x)`` (class number 1..K, 0 = missing pixel) and ``probability(class, y, x)``;
+  a GeoTIFF of the labels when the image had a georeference; a PNG.
+* Masked autoencoding: every complete tile reconstructed from a seeded random (1 - mask
+  ratio) of its patches; a Zarr store with ``truth``, ``reconstruction`` (band, y, x, in the
+  data's units) and ``masked(y, x)``, the scores of the masked pixels and of the whole
+  (``dchag.evaluate.recon``) in its attributes; a PNG.
+
+Bands: the model's bands are found in the new image by their centres (nearest band within
+half the image's band spacing) when both have wavelengths, else by their positions in the
+file (the same product as the training images).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from .. import provenance
+from ..model import random_masking
+from ..store import atomic_path, write_zarr
+from .artifact import Model
+from .weather import PredictError
+
+log = logging.getLogger(__name__)
+
+
+def _band_indices(model: Model, img) -> np.ndarray:
+    bands = model.meta["bands"]
+    centres = np.asarray([np.nan if v is None else v for v in bands["wavelength"]], np.float64)
+    if img.wavelengths is not None and np.isfinite(centres).all():
+        have = np.asarray(img.wavelengths, np.float64)
+        spacing = np.median(np.abs(np.diff(np.sort(have)))) if have.size > 1 else 1.0
+        idx = np.abs(have[None, :] - centres[:, None]).argmin(axis=1)
+        off = np.abs(have[idx] - centres)
+        far = np.flatnonzero(off > spacing / 2)
+        if far.size:
+            raise PredictError(
+                f"{img.path}: no band near the model's {centres[far[0]]:g} nm (nearest {have[idx[far[0]]]:g} nm; "
+                f"{far.size} of the model's {centres.size} bands unmatched)"
+            )
+        return idx
+    n = bands.get("num_input_bands")
+    if n is not None and img.shape[2] != n:
+        raise PredictError(
+            f"{img.path} has {img.shape[2]} bands and no wavelengths; the model's bands are positions in files of {n}"
+        )
+    return np.asarray(bands["band"], np.int64)
+
+
+def read_scene(model: Model, path: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray, object]:
+    """(normalised (rows, cols, bands) float32, missing (rows, cols), the image)."""
+    from ..hsi.normalise import read_checked
+    from ..hsi.readers import read_image
+
+    hsi = model.meta["data"]["hsi"]
+    if hsi.get("clip_percentiles"):
+        log.warning("the model was trained on values clipped to percentiles; the new image is not clipped")
+    img = read_image(path, key, hsi.get("detector_overlap"), hsi.get("nodata"))
+    keep = _band_indices(model, img)
+    cube, missing, _ = read_checked(img, keep, hsi.get("nan_policy", "fail"))
+    mean = np.asarray(model.meta["normalisation"]["mean"], np.float32)
+    std = np.asarray(model.meta["normalisation"]["std"], np.float32)
+    x = ((cube - mean) / std).astype(np.float32)
+    x[missing] = 0.0
+    return x, missing, img
+
+
+def _png(image: np.ndarray, output: Path, title: str, cmap: str, labels: list[str] | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6 * image.shape[0] / max(image.shape[1], 1) + 0.6))
+    if labels:  # one colour per class
+        from matplotlib.colors import ListedColormap
+
+        colours = plt.get_cmap(cmap)(np.arange(len(labels)) % 20)
+        im = ax.imshow(image, cmap=ListedColormap(colours), vmin=-0.5, vmax=len(labels) - 0.5, interpolation="nearest")
+    else:
+        im = ax.imshow(image, cmap=cmap, interpolation="nearest")
+    ax.set_title(title)
+    ax.set_axis_off()
+    if labels:
+        bar = fig.colorbar(im, ax=ax, ticks=range(len(labels)), fraction=0.046)
+        bar.ax.set_yticklabels(labels)
+    with atomic_path(output) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _geotiff(labels: np.ndarray, georeference: dict, output: Path) -> None:
+    import rasterio
+    from rasterio.transform import Affine
+
+    with atomic_path(output) as tmp:
+        with rasterio.open(
+            tmp,
+            "w",
+            driver="GTiff",
+            height=labels.shape[0],
+            width=labels.shape[1],
+            count=1,
+            dtype="int16",
+            crs=georeference.get("crs"),
+            transform=Affine.from_gdal(*georeference["geotransform"]),
+            nodata=0,
+        ) as dst:
+            dst.write(labels.astype(np.int16), 1)
+
+
+def classify_scene(
+    model: Model, image: str, output: str, key: str | None = None, batch_size: int = 512
+) -> dict[str, Path]:
+    """The class of every pixel of ``image``: ``output`` (Zarr), beside it ``.png`` and, for a
+    georeferenced image, ``.tif``."""
+    if model.task != "classification":
+        raise PredictError(f"{model.source} is a {model.task} model, not a classifier")
+    from ..hsi.samples import extract_patches
+
+    x, missing, img = read_scene(model, image, key)
+    rows, cols = missing.shape
+    p = model.meta["sample_size"]
+    names = model.meta.get("class_names") or [str(i + 1) for i in range(model.config.num_classes)]
+    probs = np.zeros((len(names), rows, cols), np.float32)
+    centres = np.arange(rows * cols)
+    with torch.no_grad():
+        for start in tqdm(range(0, centres.size, batch_size), desc="classify", unit="batch", mininterval=1):
+            sel = centres[start : start + batch_size]
+            patches = torch.from_numpy(extract_patches(x, sel, p))
+            logits = model.network(patches)
+            if not torch.isfinite(logits).all():
+                raise PredictError(f"{model.source}: the class scores of pixels {start}.. of {image} are not finite")
+            probs.reshape(len(names), -1)[:, sel] = torch.softmax(logits, -1).numpy().T
+    labels = (probs.argmax(0) + 1).astype(np.int16)
+    labels[missing] = 0
+    probs[:, missing] = np.nan
+    georef = img.meta.get("georeference")
+    ds = xr.Dataset(
+        {
+            "label": (("y", "x"), labels, {"description": "class number 1..K (0: a missing pixel)"}),
+            "probability": (("class", "y", "x"), probs, {"description": "softmax of the class scores"}),
+        },
+        coords={"class": np.arange(1, len(names) + 1)},  # the names in the attributes (strings are no Zarr v3 data)
+        attrs={
+            "image": str(image),
+            "model": model.source,
+            "class_names": list(names),
+            "label_values": model.meta.get("label_values"),
+            "georeference": json.dumps(georef),
+            **provenance.as_attrs(provenance.record({"model": model.meta.get("provenance"), "image": str(image)})),
+        },
+    )
+    out = Path(output)
+    write_zarr(ds, out)
+    made = {"zarr": out, "png": out.with_suffix(".png")}
+    _png(np.where(missing, np.nan, labels - 1.0), made["png"], f"classes of {Path(image).name}", "tab20", names)
+    if georef and georef.get("geotransform"):
+        made["geotiff"] = out.with_suffix(".tif")
+        _geotiff(labels, georef, made["geotiff"])
+    return made
+
+
+def reconstruct_image(
+    model: Model, image: str, output: str, key: str | None = None, batch_size: int = 16
+) -> dict[str, Path]:
+    """Masked-autoencoder reconstructions of every complete tile of ``image``."""
+    if model.task != "mae":
+        raise PredictError(f"{model.source} is a {model.task} model, not a masked autoencoder")
+    from ..evaluate import recon
+    from ..hsi.samples import complete_tiles, tile_grid
+
+    x, missing, _ = read_scene(model, image, key)
+    t = model.meta["sample_size"]
+    corners = [
+        c for c, ok in zip(tile_grid(missing.shape, t), complete_tiles(missing, tile_grid(missing.shape, t), t)) if ok
+    ]
+    if not corners:
+        raise PredictError(f"{image}: no complete {t}x{t} tile without missing pixels to reconstruct")
+    cfg = model.config
+    p, (gh, gw) = cfg.patch_size, cfg.grid
+    mean = np.asarray(model.meta["normalisation"]["mean"], np.float32)[:, None, None]
+    std = np.asarray(model.meta["normalisation"]["std"], np.float32)[:, None, None]
+    bands = x.shape[2]
+    truth = np.full((bands, *missing.shape), np.nan, np.float32)
+    pred = np.full_like(truth, np.nan)
+    masked = np.zeros(missing.shape, bool)
+    g = torch.Generator().manual_seed(int(model.meta.get("seed", 0)) + 2024)
+    with torch.no_grad():
+        for start in tqdm(range(0, len(corners), batch_size), desc="reconstruct", unit="batch", mininterval=1):
+            part = corners[start : start + batch_size]
+            tiles = np.stack([x[r : r + t, c : c + t].transpose(2, 0, 1) for r, c in part])
+            ids_keep, mask = random_masking(len(part), cfg.num_patches, model.meta["mask_ratio"], g)
+            y = model.network(torch.from_numpy(tiles), ids_keep=ids_keep).numpy()
+            if not np.isfinite(y).all():
+                raise PredictError(f"{model.source}: the reconstruction of tiles {start}.. of {image} is not finite")
+            m = mask.numpy().reshape(-1, gh, 1, gw, 1).repeat(p, 2).repeat(p, 4).reshape(-1, t, t) > 0
+            for k, (r, c) in enumerate(part):
+                truth[:, r : r + t, c : c + t] = tiles[k] * std + mean
+                pred[:, r : r + t, c : c + t] = y[k] * std + mean
+                masked[r : r + t, c : c + t] = m[k]
+    rng = float(np.nanmax(truth) - np.nanmin(truth))
+    tiles_t = np.stack([truth[:, r : r + t, c : c + t] for r, c in corners])
+    tiles_p = np.stack([pred[:, r : r + t, c : c + t] for r, c in corners])
+    tiles_m = np.stack([masked[r : r + t, c : c + t] for r, c in corners])
+    if t >= recon.WIN:
+        scores = {
+            "masked": recon.scores(tiles_t, tiles_p, band_axis=1, data_range=rng, mask=tiles_m),
+            "full": recon.scores(tiles_t, tiles_p, band_axis=1, data_range=rng),
+        }
+    else:  # SSIM's window does not fit a tile
+        scores = {"note": f"no scores: tiles of {t} px are smaller than SSIM's {recon.WIN} px window"}
+    wl = [np.nan if v is None else v for v in model.meta["bands"]["wavelength"]]
+    ds = xr.Dataset(
+        {
+            "truth": (("band", "y", "x"), truth),
+            "reconstruction": (("band", "y", "x"), pred),
+            "masked": (("y", "x"), masked, {"description": "pixels of the masked patches"}),
+        },
+        coords={"wavelength": ("band", np.asarray(wl, np.float64), {"units": "nm"})},
+        attrs={
+            "image": str(image),
+            "model": model.source,
+            "tiles": len(corners),
+            "mask_ratio": model.meta["mask_ratio"],
+            "scores": json.dumps(scores),
+            **provenance.as_attrs(provenance.record({"model": model.meta.get("provenance"), "image": str(image)})),
+        },
+    )
+    out = Path(output)
+    write_zarr(ds, out)
+    band = int(np.argmin(np.abs(np.asarray(wl) - 650))) if np.isfinite(wl).all() else bands // 2
+    side = np.concatenate([truth[band], pred[band]], axis=1)
+    _png(side, out.with_suffix(".png"), f"band {band}: image | reconstruction", "viridis")
+    return {"zarr": out, "png": out.with_suffix(".png"), "scores": scores}

@@ -1,0 +1,255 @@
+"""Forecasts from a trained model (a run or an exported model) for given initialisation times:
+a date range of a store (hindcasts over a period into one store), or a user's own initial
+conditions in any input layout the pipeline's ERA5 preprocessing reads, regridded and
+normalised as in training. Written in physical units in WeatherBench 2's layout
+(:mod:`dchag.evaluate.wb2`).
+
+Under torchrun every rank forecasts its share of the initialisation times with the whole
+one-device model (on its GPU when there is one) and rank 0 writes the store: inference
+parallel over initialisation times, not in the run's tensor-parallel layout.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .. import provenance
+from ..errors import DchagError
+from ..store import open_any, open_store, write_zarr
+from .artifact import Model
+
+log = logging.getLogger(__name__)
+
+
+class PredictError(DchagError, ValueError):
+    """Inputs that a model cannot forecast from (channels, grid, times, leads)."""
+
+
+@dataclass
+class InitialConditions:
+    """Physical-unit fields (time, channel, lat, lon) in the model's channel order."""
+
+    times: pd.DatetimeIndex
+    read: object  # callable: indices -> np.ndarray (n, C, H, W) float32, physical units
+    source: str
+
+
+def _check_grid(model: Model, lat, lon, source: str) -> None:
+    grid = model.meta["grid"]
+    if len(lat) != len(grid["latitude"]) or not (
+        np.allclose(lat, grid["latitude"], atol=1e-6) and np.allclose(lon, grid["longitude"], atol=1e-6)
+    ):
+        raise PredictError(
+            f"{source} is on a {len(lat)}x{len(lon)} grid, the model on its {len(grid['latitude'])}x"
+            f"{len(grid['longitude'])} {grid.get('resolution')} deg grid; give files to be regridded (--input)"
+        )
+
+
+def from_store(model: Model, store: str, start: str | None = None, end: str | None = None) -> InitialConditions:
+    """Initial conditions from a dchag store: a normalised split store (its own statistics
+    undone) or a per-year store in physical units, between ``start`` and ``end`` (inclusive)."""
+    ds = open_store(store)
+    names = [str(c) for c in ds.channel.values]
+    wanted = model.channel_names()
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise PredictError(f"store {store} lacks channel(s) {missing} the model reads (it has {', '.join(names)})")
+    _check_grid(model, ds.lat.values, ds.lon.values, f"store {store}")
+    times = pd.DatetimeIndex(ds.time.values)
+    keep = np.ones(len(times), bool)
+    if start:
+        keep &= times >= pd.Timestamp(start)
+    if end:
+        keep &= times <= pd.Timestamp(end)
+    idx_all = np.flatnonzero(keep)
+    if idx_all.size == 0:
+        raise PredictError(f"store {store} has no time step between {start} and {end} ({times[0]} to {times[-1]})")
+    ids = [names.index(c) for c in wanted]
+    normalised = "mean" in ds.coords and "std" in ds.coords
+    mean = ds["mean"].values[ids].astype(np.float32)[None, :, None, None] if normalised else 0.0
+    std = ds["std"].values[ids].astype(np.float32)[None, :, None, None] if normalised else 1.0
+
+    def read(indices):
+        x = np.asarray(ds["data"].isel(time=idx_all[indices], channel=ids).values, np.float32)
+        return x * std + mean
+
+    return InitialConditions(times[idx_all], read, f"store {store}")
+
+
+def _input_years(paths: list[str], start: str | None, end: str | None) -> list[int]:
+    """The years the initial conditions lie in: from the files' time coordinates (netCDF,
+    Zarr), or from --init-start/--init-end (GRIB files, whose times the reader finds)."""
+    from ..store import is_grib
+
+    if start and end:
+        return list(range(pd.Timestamp(start).year, pd.Timestamp(end).year + 1))
+    if any(is_grib(p) for p in paths):
+        raise PredictError(f"{', '.join(paths)}: give --init-start and --init-end for GRIB initial conditions")
+    years = set()
+    for p in paths:
+        ds = open_any(p, "initial conditions")
+        if "time" not in ds.coords:
+            raise PredictError(f"{p} has no time coordinate ('time' or 'valid_time'); give --init-start/--init-end")
+        times = pd.DatetimeIndex(np.atleast_1d(ds["time"].values))
+        years |= set(times.year.tolist())
+        ds.close()
+    return sorted(
+        y for y in years if (not start or y >= pd.Timestamp(start).year) and (not end or y <= pd.Timestamp(end).year)
+    )
+
+
+def from_files(model: Model, paths: list[str], start: str | None = None, end: str | None = None) -> InitialConditions:
+    """A user's own initial conditions: files in any layout the ERA5 preprocessing reads,
+    regridded onto the model's grid and converted as the training data were (the model's
+    ``era5`` section, with these files as its inputs); the time-invariant channels come from
+    the model file. The entry point into the preprocessing is its per-year job
+    (``preprocess_year``) and its weights (``make_weights``) alone."""
+    from ..config import validate
+    from ..era5.preprocess import make_weights, preprocess_year
+    from ..era5.source import channels_from_config
+
+    if model.task != "forecast":
+        raise PredictError(f"{model.source} is a {model.task} model, not a forecasting one")
+    era5 = copy.deepcopy(model.meta["data"]["era5"])
+    constants = [c.name for c in channels_from_config(era5) if c.variable.kind == "constant"]
+    absent = [c for c in constants if c not in model.constants]
+    if absent:
+        raise PredictError(f"{model.source} holds no field of the constant channel(s) {absent}")
+    era5.update(inputs=[str(p) for p in paths], constants=None, demo=False, download=None)
+    era5["channels"]["constants"] = []
+    # Re-validated by this dchag's schema: keys a newer reader adds take their defaults.
+    era5 = validate({"name": "predict", "era5": era5}, "the model's era5 section", check_files=False)["era5"]
+    years = _input_years(paths, start, end)
+    if not years:
+        raise PredictError(f"{', '.join(paths)}: no time step between {start} and {end}")
+    fields = []
+    with tempfile.TemporaryDirectory(prefix="dchag-predict-") as tmp:
+        weights = Path(tmp) / "weights.nc"
+        make_weights(era5, years[0], weights)
+        for y in years:  # the per-year job keeps the steps on the model's time step
+            fields.append(open_store(preprocess_year(era5, y, weights, Path(tmp) / f"{y}.zarr")).load())
+    import xarray as xr
+
+    ds = xr.concat(fields, dim="time")
+    times = pd.DatetimeIndex(ds.time.values)
+    keep = np.ones(len(times), bool)
+    if start:
+        keep &= times >= pd.Timestamp(start)
+    if end:
+        keep &= times <= pd.Timestamp(end)
+    if not keep.any():
+        raise PredictError(f"{', '.join(paths)}: no time step between {start} and {end} on the model's time step")
+    ds = ds.isel(time=np.flatnonzero(keep))
+    times = times[keep]
+    _check_grid(model, ds.lat.values, ds.lon.values, "the regridded inputs")
+    names = [str(c) for c in ds.channel.values]
+    data = ds["data"].values
+    shape = (len(times), *data.shape[2:])
+    columns = [
+        data[:, names.index(c)] if c in names else np.broadcast_to(model.constants[c], shape)
+        for c in model.channel_names()
+    ]
+    cube = np.stack(columns, axis=1).astype(np.float32)
+    return InitialConditions(times, lambda indices: cube[indices], ", ".join(paths))
+
+
+def _distributed() -> tuple[int, int, torch.device]:
+    """(rank, world, device): one process, or a torchrun group (gloo on the CPU, NCCL on GPUs)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    if world == 1:
+        return 0, 1, device
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return dist.get_rank(), world, device
+
+
+def forecast(
+    model: Model, inputs: InitialConditions, lead_hours: list[int], output: str, batch_size: int = 16
+) -> Path | None:
+    """Forecasts from every initial condition at each lead, in physical units, written to
+    ``output`` (WB2 layout); under torchrun rank 0 writes and returns the path."""
+    from ..evaluate.forecast import forecast_dataset
+
+    if model.task != "forecast":
+        raise PredictError(f"{model.source} is a {model.task} model, not a forecasting one")
+    step = model.meta["lead_hours"]["time_step_hours"]
+    lo, hi = model.meta["lead_hours"]["trained"]
+    bad = [h for h in lead_hours if h <= 0 or h % step]
+    if bad:
+        raise PredictError(f"lead time(s) {bad} h: the model steps {step} h; give positive multiples of it")
+    outside = [h for h in lead_hours if not lo <= h <= hi]
+    if outside:
+        log.warning(
+            "%s was trained on lead times %s-%s h; %s h lie outside (extrapolation)", model.source, lo, hi, outside
+        )
+    rank, world, device = _distributed()
+    net = model.network.to(device)
+    mean_all = np.asarray(model.meta["normalisation"]["mean"], np.float32)[None, :, None, None]
+    std_all = np.asarray(model.meta["normalisation"]["std"], np.float32)[None, :, None, None]
+    names = model.channel_names()
+    out_ids = [names.index(o) for o in model.meta["outputs"]]
+    mean, std = mean_all[:, out_ids], std_all[:, out_ids]
+    mine = np.arange(len(inputs.times))[rank::world]
+    result = {}
+    with torch.no_grad():
+        bar = tqdm(range(0, len(mine), batch_size), desc="forecast", unit="batch", disable=rank != 0, mininterval=1)
+        for start in bar:
+            sel = mine[start : start + batch_size]
+            x = (inputs.read(sel) - mean_all) / std_all
+            if not np.isfinite(x).all():
+                raise PredictError(
+                    f"{inputs.source}: the initial conditions at {inputs.times[sel[0]]}.. are not finite"
+                )
+            xt = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device)
+            per_lead = []
+            for h in lead_hours:
+                pred = net(xt, torch.full((len(sel),), float(h), device=device)).cpu().numpy()
+                if not np.isfinite(pred).all():
+                    raise PredictError(
+                        f"{model.source}: the forecast from {inputs.times[sel[0]]} at {h} h is not finite"
+                    )
+                per_lead.append(pred * std + mean)
+            for k, i in enumerate(sel):
+                result[int(i)] = np.stack([p[k] for p in per_lead])
+    if world > 1:
+        import torch.distributed as dist
+
+        parts = [None] * world if rank == 0 else None
+        dist.gather_object(result, parts, dst=0)
+        if rank != 0:
+            return None
+        result = {k: v for part in parts for k, v in part.items()}
+    order = sorted(result)
+    cube = np.stack([result[i] for i in order])  # (time, lead, output, lat, lon)
+    values = {name: cube[:, :, k] for k, name in enumerate(model.meta["outputs"])}
+    grid = model.meta["grid"]
+    attrs = {
+        "forecast": "model",
+        "model": model.source,
+        "initial_conditions": inputs.source,
+        **provenance.as_attrs(
+            provenance.record(
+                {"model": model.meta.get("provenance"), "lead_hours": lead_hours, "inputs": inputs.source}
+            )
+        ),
+    }
+    write_zarr(
+        forecast_dataset(values, inputs.times[order], lead_hours, grid["latitude"], grid["longitude"], attrs), output
+    )
+    return Path(output)

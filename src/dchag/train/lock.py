@@ -1,0 +1,91 @@
+"""One writer per run: an exclusive lock on ``<run>/.lock`` for the run's lifetime, and workers
+that die with their launcher.
+
+The lock is an ``flock`` held by rank 0 of ``dchag train`` (the kernel releases it when the
+process ends, however it ends); the file says who holds it (host, pid, start time), so a second
+start fails naming the holder. torchrun starts each worker in a session of its own, so a
+SIGKILLed launcher would leave its workers writing checkpoints while a rerun resumes:
+:func:`die_with_parent` asks the kernel to kill a worker when its launcher dies.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import os
+import signal
+import socket
+from pathlib import Path
+
+from ..errors import DchagError
+
+
+class RunLockedError(DchagError, RuntimeError):
+    """Another process trains (or evaluates into) the same run directory."""
+
+
+class RunLock:
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "an unknown process"
+        except OSError:
+            return "an unknown process"
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunLockedError(
+                f"run directory {self.path.parent} is in use by {self.holder()}; wait for it to finish or stop it "
+                "(two writers would mix their checkpoints and logs)"
+            ) from None
+        now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}, since {now}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def check_free(self) -> None:
+        """Raise RunLockedError if another process holds the lock (it is not taken)."""
+        self.acquire()
+        self.release()
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+LAUNCHER_PID = "DCHAG_LAUNCHER_PID"  # set by `dchag launch-train`, which becomes torchrun's agent
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (torchrun's agent) dies (Linux;
+    elsewhere nothing). If the launcher is already gone, exit now."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return
+    parent = int(os.environ.get(LAUNCHER_PID) or os.getppid())
+    PR_SET_PDEATHSIG = 1
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)

@@ -1,0 +1,361 @@
+"""Using what was trained: the exported model file, `dchag predict` from it alone, and
+fine-tuning from a pretrained model (init_from, freeze, linear probe)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+from distributed import run_distributed
+from test_train import BIN, finish, run_config, torchrun
+
+from dchag.cli import main
+from dchag.config import ConfigError, settings
+from dchag.plan import check_run
+from dchag.predict import artifact
+from dchag.predict.artifact import ArtifactError
+
+SUBSET = ["z500", "z850", "t500", "t2m", "lsm"]  # of the fixture's z/t at 500/850, t2m, u10, lsm
+
+
+@pytest.fixture(scope="module")
+def trained(data_root, tmp_path_factory):
+    """A D-CHAG forecast run on 2 ranks (tensor-parallel, per-rank tokenizer blocks) and a
+    baseline one on a channel subset, each 10 steps; both exported."""
+    root, cfg = data_root
+    out = tmp_path_factory.mktemp("runs")
+    runs = {}
+    for name, extra in (
+        ("full", {"runs": {"f": {"task": "forecast"}}}),
+        (
+            "subset",
+            {
+                "runs": {
+                    "f": {
+                        "task": "forecast",
+                        "channels": SUBSET,
+                        "model": {"aggregation": "baseline"},
+                        "parallel": {"strategy": "baseline"},
+                    }
+                }
+            },
+        ),
+    ):
+        c = run_config(cfg, steps=10, **extra)
+        proc = torchrun(c, out / name, root)
+        log = finish(proc, out / name)
+        assert proc.returncode == 0, log[-3000:]
+        runs[name] = c
+        assert (
+            main(
+                [
+                    "export",
+                    "--config",
+                    json.dumps(c),
+                    "--run-name",
+                    "f",
+                    "--checkpoint",
+                    str(out / name / "final"),
+                    "--data",
+                    str(root / "era5" / "train.zarr"),
+                    "--output",
+                    str(out / f"{name}_model"),
+                ]
+            )
+            == 0
+        )
+    return root, out, runs
+
+
+def test_the_exported_model_gives_the_runs_outputs(trained):
+    from dchag.train.loading import load_trained
+
+    root, out, runs = trained
+    model = artifact.load(out / "full_model")  # one CPU, the folder alone
+    meta = json.loads((out / "full_model" / "model.json").read_text())
+    assert meta["format"] == "dchag-model" and meta["task"] == "forecast" and meta["outputs"] == ["z500", "t2m"]
+    names = [c["name"] for c in meta["channels"]]
+    assert names == ["z500", "z850", "t500", "t850", "t2m", "u10", "lsm"]
+    assert meta["channels"][0] == {"name": "z500", "long_name": "geopotential_500", "units": "m**2 s**-2", "level": 500}
+    assert len(meta["grid"]["latitude"]) == 32 and meta["lead_hours"] == {"trained": [24, 48], "time_step_hours": 24}
+    assert len(meta["normalisation"]["mean"]) == 7 and meta["provenance"]["run"] == "f"
+    assert meta["provenance"]["fingerprint"]["parallel.strategy"] == "dchag"
+    assert set(model.constants) == {"lsm"} and model.constants["lsm"].shape == (32, 64)
+    from safetensors import safe_open
+
+    with safe_open(str(out / "full_model" / "model.safetensors"), "pt") as f:  # consolidated: no per-rank blocks
+        assert "tokenizer.weight" in f.keys() and not any("[" in k for k in f.keys())
+        assert f.get_tensor("tokenizer.weight").shape[0] == 7
+    _, _, ref = load_trained(runs["full"], "f", out / "full" / "final", "forecast")
+    x = torch.randn(3, 7, 32, 64, generator=torch.Generator().manual_seed(0))
+    lead = torch.tensor([24.0, 36.0, 48.0])
+    with torch.no_grad():
+        torch.testing.assert_close(model.network(x, lead), ref(x, lead), rtol=0, atol=0)
+
+
+def _initial_conditions(raw: Path, path: Path) -> None:
+    """The fixture's raw ERA5-layout files of 2001 (3.75 deg, CDS short names, the 2024 CDS
+    netCDF's valid_time / pressure_level) as one netCDF of four days, without the constants
+    (the model file holds them)."""
+    pl = xr.open_dataset(raw / "pressure_levels_2001.nc").load()
+    sl = xr.open_dataset(raw / "single_levels_2001.nc").load().rename(time="valid_time")
+    xr.merge([pl, sl], compat="override").isel(valid_time=slice(2, 6)).to_netcdf(path)
+
+
+def test_predict_on_a_fresh_machine_from_the_model_file_and_an_input_file_alone(trained, tmp_path):
+    root, out, _ = trained
+    raw = Path(json.loads((out / "full_model" / "model.json").read_text())["data"]["era5"]["inputs"][0]).parent
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    shutil.copytree(out / "full_model", fresh / "model")
+    _initial_conditions(raw, fresh / "ic.nc")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DCHAG", "SNAKEMAKE"))}
+    proc = subprocess.run(
+        [str(BIN / "dchag"), "predict", "--model", "model", "--input", "ic.nc", "--lead-hours", "24", "48",
+         "--output", "forecast.zarr"],
+        cwd=fresh, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in fresh.iterdir()) == ["forecast.zarr", "ic.nc", "model"]
+    fc = xr.open_zarr(fresh / "forecast.zarr")  # WeatherBench 2's layout, physical units
+    assert fc.geopotential.dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
+    assert fc.level.values.tolist() == [500] and fc.time.size == 4
+    assert 4e4 < float(fc.geopotential.mean()) < 6.5e4 and 200 < float(fc["2m_temperature"].mean()) < 320
+    # The input regridded and normalised as in training: the same forecasts as from the
+    # pipeline's own regridded year store of those days.
+    assert main(
+        ["predict", "--model", str(out / "full_model"), "--store", str(root / "y2001.zarr"), "--init-start",
+         str(fc.time.values[0]), "--init-end", str(fc.time.values[-1]), "--lead-hours", "24", "48",
+         "--output", str(tmp_path / "from_store.zarr")]
+    ) == 0  # fmt: skip
+    ref = xr.open_zarr(tmp_path / "from_store.zarr")
+    np.testing.assert_allclose(fc.geopotential.values, ref.geopotential.values, rtol=1e-5)
+    np.testing.assert_allclose(fc["2m_temperature"].values, ref["2m_temperature"].values, rtol=1e-5)
+
+
+def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
+    _, out, _ = trained
+    good = out / "full_model"
+
+    def broken(name: str, edit) -> Path:
+        d = tmp_path / name
+        shutil.copytree(good, d)
+        edit(d)
+        return d
+
+    def crafted(d: Path) -> None:  # a header claiming 2**62 bytes; the hash made to match
+        (d / "model.safetensors").write_bytes(struct.pack("<Q", 2**62) + b"{}")
+        meta = json.loads((d / "model.json").read_text())
+        meta["weights"]["sha256"] = artifact._sha256(d / "model.safetensors")
+        (d / "model.json").write_text(json.dumps(meta))
+
+    def other_weights(d: Path) -> None:
+        shutil.copy(out / "subset_model" / "model.safetensors", d / "model.safetensors")
+
+    def foreign(d: Path) -> None:
+        (d / "model.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": 768}))
+
+    cases = {
+        "crafted": (crafted, "not a readable safetensors file"),
+        "swapped": (other_weights, "is not the file"),
+        "foreign": (foreign, "does not describe a dchag model"),
+        "empty": (lambda d: (d / "model.json").unlink(), "has no model.json"),
+    }
+    for name, (edit, message) in cases.items():
+        with pytest.raises(ArtifactError, match=message):
+            artifact.load(broken(name, edit))
+    code = main(["predict", "--model", str(tmp_path / "crafted"), "--store", "x", "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "safetensors" in err
+    # mismatched channels: a store without the model's channels
+    assert main(["predict", "--model", str(out / "full_model"), "--store", str(out / "nowhere.zarr"),
+                 "--lead-hours", "24", "--output", str(tmp_path / "o")]) == 2  # fmt: skip
+
+
+def _finetune_check(rank, world, cfg, out, stores, source_dir):
+    """Build the fine-tuned run (one process) and compare its initial weights with the
+    source's; then train it and check the frozen parts did not move."""
+    from dchag.parallel.names import unwrap
+    from dchag.train.trainer import Trainer
+
+    src = artifact.load(source_dir)
+    trainer = Trainer(cfg, "ft", out, stores, init_from=source_dir)
+    model = unwrap(trainer.model)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    weights = src.weights()
+    names = ["z500", "z850", "t500", "t850", "t2m", "u10", "lsm"]
+    for i, name in enumerate(names):
+        if name in SUBSET:  # kept: the source's rows
+            j = SUBSET.index(name)
+            for key in ("tokenizer.weight", "tokenizer.bias", "tokenizer.channel_embed"):
+                assert torch.equal(params[key][i], weights[key][j]), (key, name)
+        else:  # new: initialised, not the source's
+            assert not any(
+                torch.equal(params["tokenizer.channel_embed"][i], r) for r in weights["tokenizer.channel_embed"]
+            )
+    for key in ("final.query", "blocks.0.attn.inner.wq.weight", "pos_embed", "head.0.weight", "lead_time_embed.weight"):
+        assert torch.equal(params[key], weights[key]), key
+    report = json.loads((Path(out) / "init.json").read_text())
+    assert report["channels"] == {"matched": 5, "of": 7, "by": "name", "new": ["t850", "u10"]}
+    assert any(x.startswith("tokenizer.weight: 5 of 7") for x in report["loaded"])
+    trainer.train()
+    after = dict(unwrap(trainer.model).named_parameters())
+    assert all(torch.equal(after[k].detach(), params[k]) for k in params if k.startswith("blocks."))  # frozen
+    assert not torch.equal(after["tokenizer.weight"].detach(), params["tokenizer.weight"])  # trained
+    fingerprint = json.loads((Path(out) / "final" / "fingerprint.json").read_text())
+    assert fingerprint["init_from"] == str(source_dir) and fingerprint["train.freeze"] == ["blocks"]
+    assert fingerprint["init_from.sha256"] == src.meta["weights"]["sha256"]
+
+
+def test_a_fine_tuned_run_starts_from_the_pretrained_weights(trained, tmp_path):
+    """A model trained on a channel subset fine-tuned on the full set: the kept channels' rows
+    and every shared tensor are the source's, the new channels' are fresh, frozen parts stay."""
+    root, out, runs = trained
+    cfg = run_config(
+        {k: v for k, v in runs["full"].items() if k not in ("model", "parallel", "train")},
+        steps=4,
+        freeze=["blocks"],
+        runs={"ft": {"task": "forecast", "init_from": str(out / "subset_model"), "model": {"aggregation": "baseline"},
+                     "parallel": {"strategy": "baseline", "tp": 1}}},
+    )  # fmt: skip
+    stores = {"train": str(root / "era5" / "train.zarr"), "val": str(root / "era5" / "val.zarr")}
+    run_distributed(_finetune_check, 1, cfg, str(tmp_path / "ft"), stores, str(out / "subset_model"))
+
+
+def test_init_from_is_checked_at_plan_time(trained, tmp_path):
+    root, out, runs = trained
+    base = {k: v for k, v in runs["full"].items() if k != "train"}
+
+    def plan(runs_, **train):
+        cfg = copy.deepcopy({**base, "train": {"runs": runs_, **train}})
+        for r in runs_:
+            check_run(settings(cfg), r, runs_)
+
+    with pytest.raises(ConfigError, match="names no run of train.runs"):
+        plan({"a": {"task": "forecast", "init_from": "nothing"}})
+    with pytest.raises(ConfigError, match="a cycle: a -> b -> a"):
+        plan({"a": {"task": "forecast", "init_from": "b"}, "b": {"task": "forecast", "init_from": "a"}})
+    with pytest.raises(ConfigError, match="give init_from"):
+        plan({"a": {"task": "forecast"}}, freeze=["blocks"])
+    with pytest.raises(ConfigError, match="linear_probe trains a classifier head"):
+        plan({"a": {"task": "forecast", "init_from": str(out / "full_model")}}, linear_probe=True)
+    mae = tmp_path / "mae_model"
+    mae.mkdir()
+    (mae / "model.json").write_text(json.dumps({"format": "dchag-model", "task": "mae"}))
+    with pytest.raises(ConfigError, match="reads hyperspectral bands, this forecast run reads ERA5 channels"):
+        plan({"a": {"task": "forecast", "init_from": str(mae)}})
+    plan({"a": {"task": "forecast"}, "b": {"task": "forecast", "init_from": "a", "channels": SUBSET}})  # fine
+    with pytest.raises(ConfigError, match="are not era5 channels"):
+        plan({"a": {"task": "forecast", "channels": ["z300"]}})
+
+
+# -- hyperspectral: a classification map and reconstructions of a new image ------------------------
+def _hsi_model(tmp_path, task: str, section: dict, model: dict):
+    """An untrained (seeded) model of ``task`` on a store the real preprocessing made, as
+    artifact.describe gives it (what export writes)."""
+    from test_hsi import hsi_config
+
+    from dchag.config import run_settings, validate
+    from dchag.hsi.preprocess import preprocess_from_config
+    from dchag.model import ChannelViT
+    from dchag.train.tasks import build_task
+
+    key = "classification" if task == "classification" else "mae"
+    cfg = hsi_config(key, section, preset="indian_pines")
+    cfg = validate(
+        {
+            **cfg,
+            "model": model,
+            "parallel": {"tp": 1, "data_parallel": "none"},
+            "train": {"runs": {"r": {"task": task}}},
+        }
+    )
+    store = preprocess_from_config(cfg, key, tmp_path / f"{key}.zarr")
+    t = build_task(run_settings(cfg, "r"), {"train": store, "val": store})
+    torch.manual_seed(0)
+    net = ChannelViT(t.model_cfg)
+    return artifact.describe(t, store, net, {"run": "r"}), store
+
+
+def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_path):
+    import rasterio
+    import scipy.io
+    from rasterio.transform import Affine
+
+    from dchag.hsi import demo
+
+    cube, labels, centres, _ = demo.scene(40, 40, seed=3)
+    scipy.io.savemat(tmp_path / "img.mat", {"indian_pines": cube})
+    scipy.io.savemat(tmp_path / "gt.mat", {"indian_pines_gt": labels})
+    model, store = _hsi_model(
+        tmp_path,
+        "classification",
+        {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
+        {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
+    )
+    artifact.save(model, tmp_path / "model")
+    assert main(["predict", "--model", str(tmp_path / "model"), "--image", str(tmp_path / "img.mat"),
+                 "--output", str(tmp_path / "map.zarr")]) == 0  # fmt: skip
+    out = xr.open_zarr(tmp_path / "map.zarr")
+    assert out.label.shape == (40, 40) and out.probability.shape == (4, 40, 40)
+    assert (tmp_path / "map.png").stat().st_size > 5000 and not (tmp_path / "map.tif").exists()  # no georeference
+    # The test patches the preprocessing made, classified by the same network: the map's
+    # probabilities at their pixels (the image read and normalised again from the .mat).
+    test = xr.open_zarr(store, group="test")
+    with torch.no_grad():
+        ref = torch.softmax(model.network(torch.from_numpy(test.patches.values)), -1).numpy()
+    got = out.probability.values[:, test.row.values, test.col.values].T
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+    assert (out.label.values[test.row.values, test.col.values] == ref.argmax(1) + 1).all()
+    # A georeferenced GeoTIFF of the scene: the labels as a GeoTIFF on its grid too.
+    transform = Affine(30.0, 0, 500000.0, 0, -30.0, 4200000.0)
+    with rasterio.open(tmp_path / "img.tif", "w", driver="GTiff", height=40, width=40, count=cube.shape[2],
+                       dtype="float32", crs="EPSG:32616", transform=transform) as dst:  # fmt: skip
+        dst.write(cube.transpose(2, 0, 1).astype(np.float32))
+        for b, wl in enumerate(centres, start=1):
+            dst.update_tags(b, wavelength=str(wl), wavelength_units="Nanometers")
+    assert main(["predict", "--model", str(tmp_path / "model"), "--image", str(tmp_path / "img.tif"),
+                 "--output", str(tmp_path / "geo.zarr")]) == 0  # fmt: skip
+    with rasterio.open(tmp_path / "geo.tif") as src:
+        assert src.crs.to_string() == "EPSG:32616" and src.transform == transform
+        assert (src.read(1) == xr.open_zarr(tmp_path / "geo.zarr").label.values).all()
+
+
+def test_mae_reconstructions_of_a_new_image(tmp_path):
+    from dchag.hsi import demo
+    from dchag.hsi.readers import read_image
+
+    images = demo.write_envi(tmp_path / "envi", count=2, rows=32, cols=32)
+    model, _ = _hsi_model(
+        tmp_path,
+        "mae",
+        {"images": [str(p) for p in images], "tile": 16},
+        {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
+    )
+    made = artifact.save(model, tmp_path / "model")
+    new = demo.write_envi(tmp_path / "new", count=1, rows=40, cols=40, seed=7)[0]
+    assert main(["predict", "--model", str(made), "--image", str(new), "--output", str(tmp_path / "r.zarr")]) == 0
+    out = xr.open_zarr(tmp_path / "r.zarr")
+    assert out.truth.shape == out.reconstruction.shape == (200, 40, 40) and int(out.attrs["tiles"]) == 4
+    img = read_image(str(new))
+    bands = np.asarray(model.meta["bands"]["band"])
+    done = np.isfinite(out.truth.values[0])  # the complete tiles; the last 8 rows and columns are none
+    assert done[:32, :32].all() and not done[32:].any()
+    raw = img.read(bands).transpose(2, 0, 1)
+    np.testing.assert_allclose(out.truth.values[:, :32, :32], raw[:, :32, :32], rtol=1e-4, atol=1e-3)
+    assert out.masked.values[:32, :32].mean() == 0.75  # 12 of the 16 patches of each tile masked
+    scores = json.loads(out.attrs["scores"])
+    assert set(scores) == {"masked", "full"} and scores["masked"]["rmse"] > 0
+    with pytest.raises(Exception, match="not a classifier"):
+        from dchag.predict.hsi import classify_scene
+
+        classify_scene(model, str(new), str(tmp_path / "x.zarr"))
