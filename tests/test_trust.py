@@ -63,6 +63,36 @@ def test_crafted_checkpoint_metadata_is_refused_not_run(tmp_path, kind):
     assert not marker.exists()
 
 
+def _class_patching_pickle() -> bytes:
+    """Protocol 4: PosixPath, then BUILD with (None, {'is_file': frozenset}): pickle's BUILD
+    would setattr on the allowed class itself, for the whole process."""
+    s = _short_unicode
+    return (
+        b"\x80\x04" + s("pathlib") + s("PosixPath") + b"\x93"
+        b"N}" + s("is_file") + s("builtins") + s("frozenset") + b"\x93" + b"s\x86b."
+    )
+
+
+def test_crafted_metadata_changes_no_class_and_any_failure_is_one_error(tmp_path):
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / ".metadata").write_bytes(_class_patching_pickle())
+    with pytest.raises(ckpt.CheckpointError, match="sets attributes of PosixPath"):
+        ckpt.read_metadata(evil)
+    assert Path(__file__).is_file() is True  # PosixPath.is_file is still the method
+    # an allowed callable given a bad argument raises KeyError inside the unpickler
+    (evil / ".metadata").write_bytes(
+        b"\x80\x04"
+        + _short_unicode("torch.serialization")
+        + _short_unicode("_get_layout")
+        + b"\x93"
+        + _short_unicode("nope")
+        + b"\x85R."
+    )
+    with pytest.raises(ckpt.CheckpointError, match="unreadable checkpoint metadata: KeyError"):
+        ckpt.read_metadata(evil)
+
+
 def test_a_crafted_checkpoint_given_to_a_command_is_one_line_and_runs_nothing(data_root, tmp_path):
     root, base = data_root
     marker = tmp_path / "PWNED"
@@ -282,6 +312,55 @@ def test_the_fingerprint_covers_only_what_the_run_reads():
     data = {"shape": [10, 200, 16, 16]}
     assert ckpt.fingerprint(base, data) == ckpt.fingerprint(other, data)
     assert ckpt.fingerprint(base, data) != ckpt.fingerprint(base, {"shape": [11, 200, 16, 16]})
+
+    # Another task's settings: forecast leads do not concern an MAE run, nor the mask ratio and
+    # the MAE decoder a forecast or classification run; the task's own settings do.
+    def prints(change):
+        cfg = json.loads(json.dumps(raw))
+        change(cfg)
+        cfg = validate(cfg, check_files=False)
+        return {
+            r: ckpt.fingerprint(run_settings(cfg, r), data)
+            for r in ("mae-dchag", "forecast-dchag", "classification-dchag")
+        }
+
+    before = prints(lambda c: None)
+    leads = prints(lambda c: c["train"]["forecast"].update(lead_hours=[24, 48]))
+    mask = prints(lambda c: c["train"]["mae"].update(mask_ratio=0.5))
+    decoder = prints(lambda c: c["model"].setdefault("decoder", {}).update(depth=3))
+    assert leads["mae-dchag"] == before["mae-dchag"] and leads["classification-dchag"] == before["classification-dchag"]
+    assert leads["forecast-dchag"] != before["forecast-dchag"]
+    for changed in (mask, decoder):
+        assert changed["forecast-dchag"] == before["forecast-dchag"]
+        assert changed["classification-dchag"] == before["classification-dchag"]
+        assert changed["mae-dchag"] != before["mae-dchag"]
+
+
+def test_a_checkpoint_with_damaged_bytes_of_the_right_size_falls_back_to_the_previous(tmp_path, caplog):
+    """check_intact compares sizes; bytes overwritten in place are found when the data is read."""
+    model = torch.nn.Linear(4, 3)
+    manager = ckpt.CheckpointManager(tmp_path, {"task": "t"}, every=2, keep=None, rank=0, parts={"model": model})
+    manager.prepare()
+    manager.save_step(2)
+    at_2 = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    manager.save_step(4)
+    for shard in (tmp_path / "checkpoints" / "step_4").glob("*.distcp"):
+        shard.write_bytes(b"A" * shard.stat().st_size)
+    manager.prepare()  # sizes are right: not found here
+    assert (tmp_path / "checkpoints" / "step_4").is_dir()
+    with caplog.at_level("WARNING"):
+        assert manager.resume(10) == tmp_path / "checkpoints" / "step_2"
+    assert "step_4 is damaged: its data cannot be read" in caplog.text
+    assert all(torch.equal(v, at_2[k]) for k, v in model.state_dict().items())
+    (aside,) = (tmp_path / "superseded").iterdir()
+    assert (aside / "step_4").is_dir() and "cannot be read" in (aside / "why.txt").read_text()
+    # the only checkpoint damaged: no silent fresh start from half-loaded weights
+    for shard in (tmp_path / "checkpoints" / "step_2").glob("*.distcp"):
+        shard.write_bytes(b"A" * shard.stat().st_size)
+    with pytest.raises(ckpt.CheckpointError, match="no earlier complete checkpoint"):
+        manager.resume(10)
 
 
 # -- one writer per run --------------------------------------------------------------------------------------

@@ -433,6 +433,7 @@ def test_verification_repeats_interleave(tmp_path):
         (lambda c: c.update(name=".."), "does not match"),
         (lambda c: c["train"]["runs"].update({"../escape": {"task": "forecast"}}), "does not match"),
         (lambda c: c["train"]["runs"].update({"x;touch PWNED": {"task": "forecast"}}), "does not match"),
+        (lambda c: c.update(name="ok\n"), "does not match"),
         (lambda c: c["era5"].update(inputs=["../outside_{year}.nc"]), "inside the working directory"),
     ],
     ids=[
@@ -443,6 +444,7 @@ def test_verification_repeats_interleave(tmp_path):
         "dot-dot name",
         "dot-dot run",
         "shell in run",
+        "trailing newline",
         "demo writes outside",
     ],
 )

@@ -1,6 +1,7 @@
 # The plan (dchag.plan.Plan) and the named functions the rules call. Every value a rule puts
 # in a shell command is quoted there ({x:q}); names that become paths are constrained by the
 # schema. Only wiring lives here: the logic is in dchag.plan, where the tests reach it.
+import re
 import shlex
 from pathlib import Path
 
@@ -40,7 +41,7 @@ else:
 
 def one_of(names):
     """A wildcard constraint matching exactly these names (none: nothing)."""
-    return "|".join(map(str, names)) or "NO_NAMES"
+    return "|".join(re.escape(str(n)) for n in names) or "NO_NAMES"
 
 
 def section_config(*sections):

@@ -77,14 +77,29 @@ _ALLOWED: set[tuple[str, str]] = {
 }
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle._Unpickler):  # the Python unpickler: its opcodes can be checked
     """Admits exact (module, name) pairs only: a dotted name (``os.system`` reached as an
-    attribute of an allowed module, which pickle protocol 4 resolves) is no pair of the list."""
+    attribute of an allowed module, which pickle protocol 4 resolves) is no pair of the list.
+    BUILD sets the state of instances only: on an allowed class or function it would set that
+    object's attributes for the whole process (``PosixPath.is_file = frozenset``)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str):
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}; refusing to load it")
+
+    def load_build(self):
+        target = self.stack[-2] if len(self.stack) >= 2 else None
+        if isinstance(target, type) or callable(target) or type(target).__module__ == "builtins":
+            raise pickle.UnpicklingError(
+                f"checkpoint metadata sets attributes of {getattr(target, '__name__', type(target).__name__)}; "
+                "refusing to load it"
+            )
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 class SafeReader(FileSystemReader):
@@ -95,8 +110,10 @@ class SafeReader(FileSystemReader):
         with self.fs.create_stream(path, "rb") as f:
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
-                raise CheckpointError(f"{self.path}: unreadable checkpoint metadata: {err}") from err
+            except Exception as err:  # a crafted file can raise anything its opcodes reach
+                raise CheckpointError(
+                    f"{self.path}: unreadable checkpoint metadata: {type(err).__name__}: {str(err)[:200]}"
+                ) from err
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
         if not isinstance(metadata, Metadata):
@@ -292,16 +309,29 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# Settings only one task reads: another task's run does not depend on them.
+TASK_ONLY = {
+    "train.forecast": "forecast",
+    "train.mae": "mae",
+    "model.decoder": "mae",
+}
+
+
 def fingerprint(cfg, data: dict) -> dict:
     """What a run's checkpoints depend on, as dotted keys: the task, the data it reads
     (``data``: the task's signature of its stores — their channels or bands, sizes and
     normalisation, not the config that made them), the model, parallel and train settings,
-    less the RESUMABLE ones. ``cfg``: a RunSettings."""
+    less the RESUMABLE ones and the sections of other tasks (TASK_ONLY). ``cfg``: a RunSettings."""
     train = {k: v for k, v in asdict(cfg.train).items() if k != "runs"}
     flat = _flatten(
         {"task": cfg.task, "data": data, "model": asdict(cfg.model), "parallel": asdict(cfg.parallel), "train": train}
     )
-    return json.loads(json.dumps({k: v for k, v in flat.items() if k not in RESUMABLE}, default=str))
+
+    def read(key: str) -> bool:
+        section = next((s for s in TASK_ONLY if key.startswith(s + ".")), None)
+        return key not in RESUMABLE and (section is None or TASK_ONLY[section] == cfg.task)
+
+    return json.loads(json.dumps({k: v for k, v in flat.items() if read(k)}, default=str))
 
 
 def _schema_default(key: str):
@@ -468,10 +498,27 @@ class CheckpointManager:
         return save(flatten(self.parts), self.final_dir, self._files())
 
     def resume(self, last_step: int) -> Path | None:
-        """Load the newest usable checkpoint into the parts; returns it (None: start afresh)."""
-        path = self.latest(last_step)
-        if path is not None:
+        """Load the newest usable checkpoint into the parts; returns it (None: start afresh).
+        A checkpoint whose data cannot be read (damaged bytes that :func:`check_intact`, which
+        compares sizes, cannot see) is moved aside and the previous one loaded."""
+        failed = None
+        while (path := self.latest(last_step)) is not None:
             loaded = flatten(self.parts)
-            load(loaded, path)
+            try:
+                load(loaded, path)
+            except CheckpointException as err:  # DCP raises it on every rank
+                failed = path
+                why = f"damaged: its data cannot be read ({str(err).splitlines()[0][:200]})"
+                if self.rank == 0:
+                    dest = self._move_aside([path], why)
+                    log.warning(f"checkpoint {path} is {why}; moved it to {dest}; trying the previous one")
+                _barrier()
+                continue
             restore(self.parts, loaded)
-        return path
+            return path
+        if failed is not None:  # the parts may hold some of its values: no fresh start from them
+            raise CheckpointError(
+                f"checkpoint {failed} was damaged and no earlier complete checkpoint is left; "
+                "run again to start afresh (the damaged one is under superseded/)"
+            )
+        return None
