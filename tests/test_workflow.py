@@ -538,13 +538,21 @@ def _alias_bomb() -> str:
     return "\n".join(lines) + "\ntrain: {runs: {x: {task: *a8}}}\n"
 
 
+def _forty_missing_years() -> str:
+    cfg = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    cfg["era5"].update(demo=False, inputs=["/nowhere/pl_{year}.nc", "/nowhere/sl_{year}.nc"])
+    cfg["era5"]["years"] = {"train": list(range(1979, 2017)), "val": [2017], "test": [2018]}
+    return yaml.safe_dump(cfg)
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [
         (lambda: (REPO / "config" / "demo.yaml").read_text() + "\nname: again\n", "key 'name' is given twice"),
         (_alias_bomb, "expands to more than 100000 values"),
+        (_forty_missing_years, "… and 71 more"),  # 80 inputs and the constants
     ],
-    ids=["duplicate key", "alias bomb"],
+    ids=["duplicate key", "alias bomb", "80 missing input files"],
 )
 def test_config_files_are_read_strictly_with_a_bounded_message(tmp_path, text, expected):
     path = tmp_path / "bad.yaml"

@@ -209,7 +209,7 @@ def check_config(config: dict, source: str = "config") -> None:
             if era5.get("constants") and not _exists(era5["constants"]):
                 missing.append(era5["constants"])
             if missing:
-                shown = "\n".join(f"  {p}" for p in dict.fromkeys(missing))
+                shown = _listed(list(dict.fromkeys(missing)))
                 raise ConfigError(
                     f"{source}: key 'era5.inputs': input file(s) not found:\n{shown}\n"
                     "(set era5.download: arco or cds to fetch them, or era5.demo: true for synthetic data)"
@@ -237,7 +237,13 @@ def _check_hsi(hsi: dict, source: str) -> None:
         wanted += hsi["mae"]["images"]
     missing = [p for p in dict.fromkeys(wanted) if not glob.glob(p)]
     if missing:
-        raise ConfigError(f"{source}: key 'hsi': input file(s) not found:\n" + "\n".join(f"  {p}" for p in missing))
+        raise ConfigError(f"{source}: key 'hsi': input file(s) not found:\n" + _listed(missing))
+
+
+def _listed(paths: list[str], most: int = 10) -> str:
+    """Paths one per line, the first ``most`` of them and how many more (an error stays short)."""
+    more = f"\n  … and {len(paths) - most} more" if len(paths) > most else ""
+    return "\n".join(f"  {p}" for p in paths[:most]) + more
 
 
 def _check_generated(paths: list[str], key: str, source: str) -> None:
