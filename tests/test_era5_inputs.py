@@ -187,6 +187,26 @@ def test_written_grib_monthly_files_both_kinds_of_level(edition, grid, tmp_path)
     assert ds.attrs["source_grid"] == grid_.describe()
 
 
+def test_one_file_per_pressure_level(tmp_path):
+    """MARS and CDS requests are often made per level: each channel is found in its own file;
+    a level in no file is refused, naming the files and the levels they hold."""
+    times = [pd.Timestamp("2001-01-01") + pd.Timedelta(hours=6 * i) for i in range(3)]
+    files = [write_grib(tmp_path / f"t{lv}.grib", [(130, lv, t) for t in times]) for lv in (500, 850)]
+    source = Era5Year(era5_section(files, pl=("temperature",)), 2001)
+    assert {c.name: [Path(p.path) for p in source.where[c.name]] for c in source.channels} == {
+        "t500": [files[0]],
+        "t850": [files[1]],
+    }
+    lat, lon = source.grid.lat, source.grid.lon
+    for ch in source.channels:
+        got = source.read(ch, source.times, np.arange(lat.size))
+        want = np.stack([field(130, int(ch.name[1:]), t, lat, lon) for t in times])
+        np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5)
+    source.close()
+    with pytest.raises(Era5InputError, match=r"pressure level 700 hPa .* not in .*t500.grib; available: 500"):
+        Era5Year(era5_section(files, pl=("temperature",), levels=(500, 700)), 2001)
+
+
 def test_grib_with_forecast_steps_is_read_by_valid_time_and_its_cfgrib_netcdf_is_refused(tmp_path):
     """Fields stored as reference time + step (ERA5's accumulations are): GRIB by valid time; the
     netCDF cfgrib writes of it by default has a (time, step) valid_time, refused with the way out."""
@@ -262,6 +282,47 @@ def test_weatherbench2_store_is_passed_through_exactly(tmp_path):
             ds.data.sel(channel=ch).values, expected.transpose("time", "latitude", "longitude")
         )
     np.testing.assert_array_equal(ds.lat.values, WB.lat)
+
+
+@pytest.mark.parametrize("edition", [1, 2])
+def test_grib_on_the_target_grid_is_passed_through_in_both_editions(tmp_path, edition):
+    """Edition 1 stores coordinates in millidegrees (87.1875 is 87.188): still the target grid."""
+    import eccodes
+
+    path = tmp_path / f"wb{edition}.grib"
+    times = pd.date_range("2001-01-01", periods=2, freq="6h")
+    rng = np.random.default_rng(edition)
+    fields = {}
+    with open(path, "wb") as out:
+        for t in times:
+            h = eccodes.codes_grib_new_from_samples(f"regular_ll_pl_grib{edition}")
+            for key, value in (
+                ("Ni", 64),
+                ("Nj", 32),
+                ("latitudeOfFirstGridPointInDegrees", 87.1875),
+                ("latitudeOfLastGridPointInDegrees", -87.1875),
+                ("longitudeOfFirstGridPointInDegrees", 0.0),
+                ("longitudeOfLastGridPointInDegrees", 354.375),
+                ("iDirectionIncrementInDegrees", 5.625),
+                ("jDirectionIncrementInDegrees", 5.625),
+                ("level", 500),
+                ("paramId", 130),
+                ("dataDate", int(t.strftime("%Y%m%d"))),
+                ("dataTime", int(t.strftime("%H%M"))),
+                ("bitsPerValue", 24),
+            ):
+                eccodes.codes_set(h, key, value)
+            eccodes.codes_set_values(h, rng.uniform(250, 300, 64 * 32))
+            fields[t] = eccodes.codes_get_values(h).reshape(32, 64)[::-1]  # north to south in GRIB
+            eccodes.codes_write(h, out)
+            eccodes.codes_release(h)
+    era5 = era5_section([path], years=(2001, 2002, 2003), levels=(500,), pl=("temperature",))
+    era5["regrid"]["inputs_on_grid"] = True
+    ds = open_store(preprocess_year(era5, 2001, None, tmp_path / "2001.zarr"))
+    assert ds.attrs["regrid_method"] == "none"
+    np.testing.assert_array_equal(ds.lat.values, WB.lat)
+    for t in times:
+        np.testing.assert_array_equal(ds.data.sel(channel="t500", time=t).values, fields[t].astype(np.float32))
 
 
 def test_own_store_on_the_target_grid_in_another_order_is_reordered_exactly(tmp_path):

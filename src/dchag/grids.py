@@ -57,10 +57,11 @@ class LatLonGrid:
             and np.allclose(self.lon, other.lon, atol=atol)
         )
 
-    def order_onto(self, other: LatLonGrid, atol: float = 1e-6) -> tuple[np.ndarray, np.ndarray] | None:
+    def order_onto(self, other: LatLonGrid, atol: float = 5e-4) -> tuple[np.ndarray, np.ndarray] | None:
         """(rows, cols) such that data on this grid indexed ``[..., rows, :][..., cols]`` lies on
         ``other`` point for point (the same points in another latitude order or longitude
-        origin), or None when the two grids do not hold the same points."""
+        origin), or None when the two grids do not hold the same points. ``atol`` (degrees):
+        GRIB edition 1 stores coordinates in millidegrees (87.1875 is 87.188 there)."""
         if self.shape != other.shape:
             return None
         rows = np.argsort(self.lat)[np.argsort(np.argsort(other.lat))]

@@ -231,11 +231,12 @@ class Era5Year:
                 part = Part(path, ds, name, None if var.kind == "constant" else times, None, self._units(ds, name, ch))
                 if ch.level is not None:
                     hit = np.flatnonzero(np.isclose(levels, ch.level))
-                    if hit.size == 0:
-                        raise Era5InputError(
-                            f"pressure level {ch.level} hPa of {var.long_name!r} not in {path}; "
+                    if hit.size == 0:  # another file may hold it (one file per level)
+                        misfits.append(
+                            f"pressure level {ch.level:g} hPa of {var.long_name!r} not in {path}; "
                             f"available: {', '.join(f'{lv:g}' for lv in levels)}"
                         )
+                        continue
                     part.level_index = int(hit[0]) if "level" in da.dims else None
                 if part.times is not None and not part.times.is_unique:
                     raise Era5InputError(

@@ -396,7 +396,10 @@ def read_emit(path: str) -> HyperspectralImage:
         with netCDF4.Dataset(path) as h:
             v = h["reflectance"]
             v.set_auto_maskandscale(False)  # the fill value is handled as a mask, not as NaN
-            block = np.asarray(v[:, :, uniq.tolist()])
+            # one hyperslab of the band range, then the bands in numpy: netCDF4 reads a list of
+            # band indices point by point (400 x 400 x 285: 12 s against 0.14 s)
+            lo, hi = int(uniq[0]), int(uniq[-1])
+            block = np.asarray(v[:, :, lo : hi + 1])[:, :, uniq - lo]
         return block[:, :, inverse]
 
     return HyperspectralImage(
