@@ -211,16 +211,31 @@ def check_communication(rank: int, world: int, strategy: str) -> None:
         assert reduces_bwd.count(b * l * c * d) == 1, log.calls
 
 
-def check_data_parallel_step(rank: int, world: int, tp: int, dp_mode: str, strategy: str) -> None:
+def check_data_parallel_step(
+    rank: int, world: int, tp: int, dp_mode: str, strategy: str, frozen: tuple[str, ...] = ()
+) -> None:
     """One optimizer step with the global batch split over the data-parallel ranks equals a
-    single-process step on the whole batch."""
+    single-process step on the whole batch. With ``frozen`` parts (fine-tuning: a linear probe
+    freezes all but the head) two steps, the frozen parameters unchanged: DDP and FSDP take the
+    trainable parameters as they find them when they wrap, so freezing comes after D-CHAG made
+    its tokenizer parameters and before they wrap."""
+    from dchag.train.finetune import freeze
+
     dims = ParallelDims(tp=tp, dp_mode=dp_mode, world_size=world)
     mesh = dims.build_mesh("cpu")
     aggregation = "linear" if strategy == "dchag" else "baseline"
     cfg = small_config(in_channels=8, groups=tp if strategy == "dchag" else 1, aggregation=aggregation)
     torch.manual_seed(0)
     reference = ChannelViT(cfg)
-    model = parallelize_model(copy.deepcopy(reference), dims, mesh, parallel_settings(strategy=strategy))
+    model = parallelize_model(
+        copy.deepcopy(reference),
+        dims,
+        mesh,
+        parallel_settings(strategy=strategy),
+        freeze=(lambda m: freeze(m, list(frozen))) if frozen else None,
+    )
+    freeze(reference, list(frozen))
+    before = {k: v.detach().clone() for k, v in reference.named_parameters()}
     core = model.module if hasattr(model, "module") else model
     x, lead, target = _batch(cfg, batch=2 * dims.dp, seed=5)
     dp_rank = mesh["dp"].get_local_rank()
@@ -229,21 +244,30 @@ def check_data_parallel_step(rank: int, world: int, tp: int, dp_mode: str, strat
     # SGD, not Adam: Adam turns gradients that vanish analytically (attention key biases) into
     # full-size steps of their rounding noise, which no two summation orders share.
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
-    _loss(reference, x, lead, target).backward()
-    ref_opt.step()
-
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ids = core.tokenizer.channel_ids
-    _loss(model, x[part][:, ids], lead[part], target[part]).backward()
-    opt.step()
+    for _ in range(2 if frozen else 1):
+        ref_opt.zero_grad()
+        _loss(reference, x, lead, target).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        _loss(model, x[part][:, ids], lead[part], target[part]).backward()
+        opt.step()
 
     ref_params = dict(reference.named_parameters())
+    moved = 0
     for name, p in core.named_parameters():
         key = name.replace("_fsdp_wrapped_module.", "")
         ref = ref_params[key].detach()
         if key.startswith("tokenizer.") and strategy == "dchag":
             ref = ref[ids]
-        close(p.detach(), ref, f"{dp_mode} tp={tp} {strategy}: {key} after one step", rtol=1e-5)
+        close(p.detach(), ref, f"{dp_mode} tp={tp} {strategy}: {key} after the step(s)", rtol=1e-5)
+        if frozen:
+            assert p.requires_grad == ref_params[key].requires_grad, key
+            moved += not torch.equal(ref_params[key].detach(), before[key])
+            if not p.requires_grad:
+                assert torch.equal(ref_params[key].detach(), before[key]), f"{key} is frozen but moved"
+    assert not frozen or moved > 0  # the head trained
     dist.barrier()
 
 

@@ -52,12 +52,18 @@ def test_communication_per_step(strategy):
 
 
 @pytest.mark.parametrize(
-    "world, tp, dp_mode, strategy",
-    [(2, 1, "ddp", "baseline"), (2, 1, "fsdp", "baseline"), (4, 2, "fsdp", "dchag")],
-    ids=["ddp", "fsdp", "fsdp x dchag (4 ranks)"],
+    "world, tp, dp_mode, strategy, frozen",
+    [
+        (2, 1, "ddp", "baseline", ()),
+        (2, 1, "fsdp", "baseline", ()),
+        (4, 2, "fsdp", "dchag", ()),
+        (2, 1, "ddp", "baseline", ("tokenizer", "aggregation", "blocks")),
+        (4, 2, "fsdp", "dchag", ("tokenizer", "aggregation", "blocks")),
+    ],
+    ids=["ddp", "fsdp", "fsdp x dchag (4 ranks)", "ddp, a linear probe", "fsdp x dchag, a linear probe (4 ranks)"],
 )
-def test_data_parallel_step_equals_full_batch_step(world, tp, dp_mode, strategy):
-    run_distributed(checks.check_data_parallel_step, world, tp, dp_mode, strategy)
+def test_data_parallel_step_equals_full_batch_step(world, tp, dp_mode, strategy, frozen):
+    run_distributed(checks.check_data_parallel_step, world, tp, dp_mode, strategy, frozen)
 
 
 def test_activation_checkpointing_changes_nothing():

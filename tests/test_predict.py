@@ -359,3 +359,73 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
         from dchag.predict.hsi import classify_scene
 
         classify_scene(model, str(new), str(tmp_path / "x.zarr"))
+
+
+def test_initial_conditions_on_another_grid_are_one_error():
+    """Same latitudes, other longitudes (a 32 x 128 file for a 32 x 64 model): refused by name."""
+    from types import SimpleNamespace
+
+    from dchag.grids import weatherbench_grid
+    from dchag.predict.weather import PredictError, _check_grid
+
+    grid = weatherbench_grid(5.625)
+    model = SimpleNamespace(
+        meta={"grid": {"latitude": grid.lat.tolist(), "longitude": grid.lon.tolist(), "resolution": 5.625}}
+    )
+    _check_grid(model, grid.lat, grid.lon, "file x.nc")  # the model's own grid
+    finer = weatherbench_grid(2.8125)
+    with pytest.raises(PredictError, match="file x.nc is on a 32x128 grid, the model on its 32x64"):
+        _check_grid(model, grid.lat, finer.lon, "file x.nc")
+
+
+def test_bands_are_matched_by_centre_and_an_mae_head_only_for_the_same_bands():
+    from parallel_checks import small_config
+
+    from dchag.model.model import ChannelViT
+    from dchag.predict.artifact import Model
+    from dchag.train import finetune
+
+    cmap = finetune.channel_map
+    src = {"wavelengths": [400.0, 410.0, 420.0, 430.0]}
+    # nearest centre within half the source's spacing; farther is new; order does not matter
+    assert cmap({"wavelengths": [431.0, 400.0, 404.9, 999.0]}, src) == [3, 0, 0, None]
+    # a band without a centre matches nothing, on either side; no centres at all: by position
+    # (410 nm is half the spacing from 400 and 420: the first; never the centre-less band 1)
+    assert cmap({"wavelengths": [400.0, 410.0, 999.0]}, {"wavelengths": [400.0, None, 420.0]}) == [0, 0, None]
+    assert cmap({"wavelengths": [None, 420.0]}, src) == [None, 2]
+    assert cmap({"wavelengths": [None, None]}, {"wavelengths": [None, None]}) == [0, 1]
+    assert cmap({"names": ["t2m", "z500", "new"]}, {"names": ["z500", "t2m"]}) == [1, 0, None]
+    with pytest.raises(finetune.FineTuneError, match="reads bands"):
+        cmap({"names": ["t2m"]}, src)
+
+    def mae(wavelengths, seed):
+        torch.manual_seed(seed)
+        cfg = small_config(in_channels=4, task="mae", out_channels=[], wavelengths=wavelengths)
+        return ChannelViT(cfg)
+
+    source = Model(
+        meta={"task": "mae", "bands": {"wavelength": src["wavelengths"]}}, network=mae(src["wavelengths"], 0)
+    )
+    same = mae(src["wavelengths"], 1)
+    report = finetune.initialise(same, src, source, same_task=True)
+    assert torch.equal(same.head.weight, source.network.head.weight) and not any("head." in n for n in report["new"])
+    shifted = [410.0, 420.0, 430.0, 440.0]  # four bands, but not the same ones
+    other = mae(shifted, 1)
+    report = finetune.initialise(other, {"wavelengths": shifted}, source, same_task=True)
+    assert "head.weight (the source reconstructs other channels)" in report["new"]
+    assert not torch.equal(other.head.weight, source.network.head.weight)
+    # rows of the tokenizer follow the match: target band 0 (410 nm) is source band 1
+    assert torch.equal(other.tokenizer.weight[0], source.network.tokenizer.weight[1])
+
+
+def test_patch_kernels_and_position_embeddings_are_resized():
+    from dchag.train.finetune import _resize_kernel, _resize_pos
+
+    w = torch.randn(3, 5, 16)  # patch 4
+    for p in (2, 8):  # smaller and larger patches respond alike to a constant patch
+        r = _resize_kernel(w, 4, p)
+        assert r.shape == (3, 5, p * p)
+        torch.testing.assert_close(r.sum(-1), w.sum(-1), rtol=1e-5, atol=1e-5)
+    pos = torch.randn(1, 2 * 4, 6)
+    assert torch.equal(_resize_pos(pos, (2, 4), (2, 4)), pos)
+    assert _resize_pos(pos, (2, 4), (4, 8)).shape == (1, 32, 6)

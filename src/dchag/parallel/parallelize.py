@@ -16,6 +16,7 @@ starts from the same weights whatever its RNG did.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -134,16 +135,21 @@ def parallelize_model(
     param_dtype: torch.dtype | None = None,
     find_unused_parameters: bool = False,
     timed_ddp: bool = False,
+    freeze: Callable[[nn.Module], object] | None = None,
 ) -> nn.Module:
     """Apply the config's ``parallel`` section over ``mesh`` ("dp", "tp"); returns the module to
     train (DDP wraps). ``param_dtype``: FSDP's mixed-precision parameter type (None: the
     parameters' own); ``find_unused_parameters``: DDP's, for channel-subset rotation;
-    ``timed_ddp``: time DDP's collectives (train.measure_comm)."""
+    ``timed_ddp``: time DDP's collectives (train.measure_comm); ``freeze``: stops gradients
+    (fine-tuning), applied after tensor parallelism (D-CHAG makes new tokenizer parameters) and
+    before FSDP or DDP, which take the trainable parameters as they find them."""
     if parallel.strategy not in STRATEGIES:
         raise ParallelConfigError(f"parallel.strategy {parallel.strategy!r}: expected one of {', '.join(STRATEGIES)}")
     broadcast_parameters(model)
     if mesh is not None and dims.tp > 1:
         (apply_dchag if parallel.strategy == "dchag" else apply_tp)(model, mesh["tp"])
+    if freeze is not None:
+        freeze(model)
     if parallel.activation_checkpointing:
         apply_activation_checkpointing(model)
     comm_hook = parallel.comm_hook

@@ -46,7 +46,8 @@ class InitialConditions:
 
 def _check_grid(model: Model, lat, lon, source: str) -> None:
     grid = model.meta["grid"]
-    if len(lat) != len(grid["latitude"]) or not (
+    same = (len(lat), len(lon)) == (len(grid["latitude"]), len(grid["longitude"]))
+    if not same or not (
         np.allclose(lat, grid["latitude"], atol=1e-6) and np.allclose(lon, grid["longitude"], atol=1e-6)
     ):
         raise PredictError(

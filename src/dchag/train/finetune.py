@@ -62,12 +62,19 @@ def channel_map(target: dict, source: dict) -> list[int | None]:
         raise FineTuneError("the source model reads named ERA5 channels, this run reads bands")
     src = torch.tensor([float("nan") if v is None else v for v in source["wavelengths"]], dtype=torch.float64)
     tgt = [float("nan") if v is None else v for v in target["wavelengths"]]
-    if torch.isnan(src).any() or any(v != v for v in tgt):  # no centres: by position, same count only
+    known = ~torch.isnan(src)
+    if not known.any() and all(v != v for v in tgt):  # no centres anywhere: by position, same count only
         return list(range(len(tgt))) if len(tgt) == src.numel() else [None] * len(tgt)
-    spacing = float(torch.diff(torch.sort(src).values).abs().median()) if src.numel() > 1 else 1.0
+    # a band without a centre on either side matches nothing (its position says nothing)
+    centres = torch.sort(src[known]).values
+    spacing = float(torch.diff(centres).abs().median()) if centres.numel() > 1 else 1.0
+    d_all = torch.where(known, src, torch.tensor(float("inf"), dtype=torch.float64))
     out = []
     for wl in tgt:
-        d = (src - wl).abs()
+        if wl != wl:
+            out.append(None)
+            continue
+        d = (d_all - wl).abs()
         j = int(d.argmin())
         out.append(j if float(d[j]) <= spacing / 2 else None)
     return out
@@ -102,12 +109,17 @@ def initialise(model: nn.Module, target: dict, source, same_task: bool) -> dict:
         src_channels = {"wavelengths": source.meta["bands"]["wavelength"]}
     rows = channel_map(target, src_channels)
     matched = [(i, j) for i, j in enumerate(rows) if j is not None]
+    # an MAE head reconstructs each channel: it fits only the same channels in the same order
+    same_outputs = source.task != "mae" or rows == list(range(source.config.in_channels))
     report = {"loaded": [], "resized": [], "new": []}
     with torch.no_grad():
         for name, p in model.named_parameters():
             key = canonical(name)
             if key.startswith(HEADS) and not same_task:
                 report["new"].append(f"{key} (the source is a {source.task} model)")
+                continue
+            if key.startswith("head.") and not same_outputs:
+                report["new"].append(f"{key} (the source reconstructs other channels)")
                 continue
             if key in PER_CHANNEL:
                 if key not in src:

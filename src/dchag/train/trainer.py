@@ -98,7 +98,6 @@ class Trainer:
         core_model = ChannelViT(self.task.model_cfg)
         self.init_report, init_record = self._initialise(core_model)
         frozen_parts = finetune.frozen_parts(t)
-        finetune.freeze(core_model, frozen_parts)  # before DDP wraps it
         self.model = parallelize_model(
             core_model.to(self.device),
             self.dims,
@@ -106,8 +105,8 @@ class Trainer:
             par,
             find_unused_parameters=t.rotation is not None,
             timed_ddp=t.measure_comm,
+            freeze=(lambda m: finetune.freeze(m, frozen_parts)) if frozen_parts else None,
         )
-        finetune.freeze(self.model, frozen_parts)  # tensor parallelism made new parameters
         self.compression = getattr(self.model, "compression", None)
         core = unwrap(self.model)
         self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
