@@ -624,3 +624,31 @@ def test_metrics_are_objects_chosen_from_each_conventions_table():
     assert isinstance(weather.convention("climax").metrics["rmse"], weather.RMSESqrtBeforeTimeAvg)
     with pytest.raises(weather.WeatherScoreError, match="bias"):
         weather.convention("wb2").select(["bias"])
+
+
+def test_wb2_levels_are_read_from_the_attribute_not_the_data(tmp_path):
+    """dchag's WB2 files name the levels a variable holds; a foreign file's levels are judged
+    by its first field alone (opening a year of 0.25 deg data must not read it)."""
+    from dchag.evaluate import wb2
+
+    lat, lon = np.linspace(-80, 80, 4), np.arange(0, 360, 45.0)
+    time = pd.date_range("2020-01-01", periods=3, freq="6h")
+
+    def field(seed):
+        return xr.DataArray(
+            np.random.default_rng(seed).random((3, 4, 8), dtype=np.float32),
+            dims=("time", "latitude", "longitude"),
+            coords={"time": time, "latitude": lat, "longitude": lon},
+        )
+
+    ds = wb2.to_wb2({"z500": field(0), "t850": field(1), "t500": field(2), "t2m": field(3)})
+    assert ds.geopotential.attrs[wb2.GIVEN_LEVELS] == [500] and ds.temperature.attrs[wb2.GIVEN_LEVELS] == [500, 850]
+    ds.to_zarr(tmp_path / "f.zarr")
+    back = wb2.channels(xr.open_zarr(tmp_path / "f.zarr"))
+    assert sorted(back.data_vars) == ["t2m", "t500", "t850", "z500"]
+    np.testing.assert_array_equal(back.z500.values, field(0).values)
+    assert wb2.GIVEN_LEVELS not in back.t850.attrs
+    foreign = ds.copy()
+    for v in foreign.data_vars.values():
+        v.attrs.pop(wb2.GIVEN_LEVELS, None)
+    assert sorted(wb2.channels(foreign).data_vars) == ["t2m", "t500", "t850", "z500"]  # z850 is all NaN

@@ -94,6 +94,8 @@ def to_wb2(fields: dict[str, xr.DataArray]) -> xr.Dataset:
         attrs = dict(da.attrs)
         if units(var):
             attrs["units"] = units(var)
+        if LEVEL in da.dims:  # the levels it is given at (the others are NaN): read back without data
+            attrs[GIVEN_LEVELS] = [int(lev) for lev, _ in parts]
         out[var] = da.rename(var).assign_attrs(attrs)
     ds = xr.merge(list(out.values()), join="outer", compat="no_conflicts", combine_attrs="drop")
     for var, da in out.items():  # merge drops the variables' attributes
@@ -106,6 +108,9 @@ def to_wb2(fields: dict[str, xr.DataArray]) -> xr.Dataset:
     return ds
 
 
+GIVEN_LEVELS = "dchag_levels"  # a level variable's attribute: the levels it holds values at
+
+
 def channels(ds: xr.Dataset) -> xr.Dataset:
     """A dataset with dchag channel names: each WB2 variable with a ``level`` dimension split
     into one variable per level where it holds any value, long names of single-level
@@ -115,10 +120,16 @@ def channels(ds: xr.Dataset) -> xr.Dataset:
     for name, da in ds.data_vars.items():
         name = str(name)
         if LEVEL in da.dims:
+            given = da.attrs.get(GIVEN_LEVELS)
             for lev in da[LEVEL].values:
                 part = da.sel({LEVEL: lev}, drop=True)
-                if bool(part.isnull().all()):
-                    continue  # a level this variable is not given at (the file's other variables are)
+                if given is not None:
+                    if int(lev) not in given:
+                        continue
+                elif bool(part.isel({d: 0 for d in part.dims if d not in (LAT, LON)}).isnull().all()):
+                    continue  # a level this variable is not given at (its first field is all NaN)
+                part = part.copy(deep=False)
+                part.attrs = {k: v for k, v in part.attrs.items() if k != GIVEN_LEVELS}
                 out[channel_name(name, lev)] = part
         else:
             out[channel_name(name)] = da.drop_vars(LEVEL, errors="ignore")
