@@ -142,6 +142,34 @@ def test_predict_on_a_fresh_machine_from_the_model_file_and_an_input_file_alone(
     np.testing.assert_allclose(fc["2m_temperature"].values, ref["2m_temperature"].values, rtol=1e-5)
 
 
+def _forecast_on_ranks(rank, world, model_dir, store, start, end, output):
+    from dchag.predict import weather
+    from dchag.predict.layout import lay_out
+
+    probe = lay_out(artifact.load(model_dir))  # the run's layout: D-CHAG over 2 ranks, 2 shares of the times
+    assert probe.shares == world // 2 and probe.share_rank == rank // 2
+    assert len(probe.channel_ids) < 7 and probe.net.group_gather is not None  # this rank's channel group
+    model = artifact.load(model_dir)
+    made = weather.forecast(model, weather.from_store(model, store, start, end), [24, 48], output, batch_size=1)
+    assert (made is not None) == (rank == 0)
+
+
+def test_predict_under_torchrun_runs_in_the_runs_layout(trained, tmp_path):
+    """4 ranks: the D-CHAG run's layout (TP 2) twice, each pair forecasting half the times;
+    rank 0 writes the same forecasts as one process."""
+    root, out, _ = trained
+    start, end = "2001-01-02", "2001-01-06"
+    args = ["--model", str(out / "full_model"), "--store", str(root / "y2001.zarr"), "--init-start", start]
+    args += ["--init-end", end, "--lead-hours", "24", "48"]
+    assert main(["predict", *args, "--output", str(tmp_path / "one.zarr")]) == 0
+    run_distributed(_forecast_on_ranks, 4, str(out / "full_model"), str(root / "y2001.zarr"), start, end,
+                    str(tmp_path / "four.zarr"))  # fmt: skip
+    one, four = xr.open_zarr(tmp_path / "one.zarr"), xr.open_zarr(tmp_path / "four.zarr")
+    assert four.time.size == 5 and (four.time.values == one.time.values).all()
+    for var in ("geopotential", "2m_temperature"):
+        np.testing.assert_allclose(four[var].values, one[var].values, rtol=1e-5)
+
+
 def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
     _, out, _ = trained
     good = out / "full_model"
@@ -286,6 +314,23 @@ def _hsi_model(tmp_path, task: str, section: dict, model: dict):
     return artifact.describe(t, store, net, {"run": "r"}), store
 
 
+def _hsi_on_ranks(rank, world, model_dir, image, output):
+    from dchag.predict import hsi
+
+    model = artifact.load(model_dir)
+    run = hsi.classify_scene if model.task == "classification" else hsi.reconstruct_image
+    # small batches, so that each rank gets several (one tile a batch: the MAE masks are drawn per batch)
+    made = run(model, image, output, None, 7 if model.task == "classification" else 1)
+    assert bool(made) == (rank == 0)
+
+
+def _in_the_dchag_layout(model, directory):
+    """The model saved as if trained with D-CHAG over 2 ranks (what predict lays out)."""
+    model.meta["provenance"] = {**(model.meta.get("provenance") or {}),
+                                "fingerprint": {"parallel.tp": 2, "parallel.strategy": "dchag"}}  # fmt: skip
+    return artifact.save(model, directory)
+
+
 def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_path):
     import rasterio
     import scipy.io
@@ -316,6 +361,11 @@ def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_
     got = out.probability.values[:, test.row.values, test.col.values].T
     np.testing.assert_allclose(got, ref, atol=1e-4)
     assert (out.label.values[test.row.values, test.col.values] == ref.argmax(1) + 1).all()
+    # Under torchrun, in a D-CHAG layout: the same map from rank 0, nothing from rank 1.
+    run_distributed(_hsi_on_ranks, 2, str(_in_the_dchag_layout(model, tmp_path / "tp2")), str(tmp_path / "img.mat"),
+                    str(tmp_path / "map2.zarr"))  # fmt: skip
+    np.testing.assert_allclose(xr.open_zarr(tmp_path / "map2.zarr").probability.values, out.probability.values,
+                               atol=1e-5)  # fmt: skip
     # A georeferenced GeoTIFF of the scene: the labels as a GeoTIFF on its grid too.
     transform = Affine(30.0, 0, 500000.0, 0, -30.0, 4200000.0)
     with rasterio.open(tmp_path / "img.tif", "w", driver="GTiff", height=40, width=40, count=cube.shape[2],
@@ -343,7 +393,8 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
     )
     made = artifact.save(model, tmp_path / "model")
     new = demo.write_envi(tmp_path / "new", count=1, rows=40, cols=40, seed=7)[0]
-    assert main(["predict", "--model", str(made), "--image", str(new), "--output", str(tmp_path / "r.zarr")]) == 0
+    assert main(["predict", "--model", str(made), "--image", str(new), "--output", str(tmp_path / "r.zarr"),
+                 "--batch-size", "1"]) == 0  # fmt: skip
     out = xr.open_zarr(tmp_path / "r.zarr")
     assert out.truth.shape == out.reconstruction.shape == (200, 40, 40) and int(out.attrs["tiles"]) == 4
     img = read_image(str(new))
@@ -355,6 +406,12 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
     assert out.masked.values[:32, :32].mean() == 0.75  # 12 of the 16 patches of each tile masked
     scores = json.loads(out.attrs["scores"])
     assert set(scores) == {"masked", "full"} and scores["masked"]["rmse"] > 0
+    # Under torchrun, in a D-CHAG layout, one tile a batch: the same masks and reconstructions.
+    run_distributed(_hsi_on_ranks, 2, str(_in_the_dchag_layout(model, tmp_path / "tp2")), str(new),
+                    str(tmp_path / "r2.zarr"))  # fmt: skip
+    two = xr.open_zarr(tmp_path / "r2.zarr")
+    assert (two.masked.values == out.masked.values).all()
+    np.testing.assert_allclose(two.reconstruction.values, out.reconstruction.values, rtol=1e-4, atol=1e-4)
     with pytest.raises(Exception, match="not a classifier"):
         from dchag.predict.hsi import classify_scene
 

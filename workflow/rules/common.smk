@@ -277,6 +277,28 @@ def classification_scene(wildcards):
     return image
 
 
+def mae_image(wildcards):
+    """The first unlabelled image (the MAE runs' reconstruction target)."""
+    from dchag.hsi import demo
+    from dchag.hsi.sources import expand_images
+
+    if HSI["demo"]:
+        return f"{HSI_DEMO_ENVI}/{demo.envi_name(0)}"
+    if not HSI.get("mae", {}).get("images"):
+        raise WorkflowError("predict_reconstruction needs hsi.mae.images")
+    return expand_images(HSI["mae"]["images"][:1])[0]
+
+
+def mae_image_input(wildcards):
+    """The demo's ENVI folder (made by a rule), or the image itself."""
+    return [HSI_DEMO_ENVI] if HSI["demo"] else [mae_image(wildcards)]
+
+
+def mae_image_key(wildcards):
+    key = HSI["mae"].get("image_key")
+    return ["--image-key", key] if key else []
+
+
 def classification_scene_key(wildcards):
     key = HSI["classification"]["image_key"]
     return ["--image-key", key] if key else []

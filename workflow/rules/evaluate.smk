@@ -211,7 +211,8 @@ rule hsi_scores:
 
 
 # Using what was trained (named targets, not part of `all`): a run's exported model over the
-# test period (a hindcast in WeatherBench 2's layout), or over the classification scene.
+# test period (a hindcast in WeatherBench 2's layout), over the classification scene, or
+# reconstructing the first unlabelled image.
 rule predict_hindcast:
     input:
         model=f"{RESULTS}/train/{{run}}/model/model.json",
@@ -254,3 +255,27 @@ rule predict_scene:
     shell:
         "{params.dchag} predict --model {params.model:q} --image {input.image:q} {params.key:q} "
         "--output {output.store:q} > {log:q} 2>&1"
+
+
+rule predict_reconstruction:
+    input:
+        model=f"{RESULTS}/train/{{run}}/model/model.json",
+        image=mae_image_input,
+    output:
+        store=directory(f"{RESULTS}/predict/{{run}}/reconstruction.zarr"),
+        png=f"{RESULTS}/predict/{{run}}/reconstruction.png",
+    log:
+        f"{LOGS}/predict_reconstruction_{{run}}.log",
+    wildcard_constraints:
+        run=one_of(P.mae_runs),
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        model=model_folder,
+        image=mae_image,
+        key=mae_image_key,
+        batch=EVAL["inference_batch_size"],
+    shell:
+        "{params.dchag} predict --model {params.model:q} --image {params.image:q} {params.key:q} "
+        "--batch-size {params.batch} --output {output.store:q} > {log:q} 2>&1"

@@ -52,7 +52,8 @@ def cmd_predict(args) -> None:
         made = hsi.classify_scene(model, args.image, args.output, args.image_key, args.batch_size * 32)
     else:
         made = hsi.reconstruct_image(model, args.image, args.output, args.image_key, args.batch_size)
-    print(" ".join(f"{k}={v}" for k, v in made.items() if k != "scores"))
+    if made:  # rank 0 under torchrun
+        print(" ".join(f"{k}={v}" for k, v in made.items() if k != "scores"))
 
 
 def _run_args(sp, required: bool) -> None:

@@ -138,6 +138,11 @@ def write_mat(outdir: Path, rows: int = 64, cols: int = 64, seed: int = 0) -> tu
     return paths[0], paths[1]
 
 
+def envi_name(i: int) -> str:
+    """The header name of the demo's ``i``-th ENVI image."""
+    return f"synthetic_{i:03d}.hdr"
+
+
 def write_envi(outdir: Path, count: int = 3, rows: int = 48, cols: int = 48, seed: int = 100) -> list[Path]:
     """``count`` ENVI images (.hdr + .img) with wavelength and FWHM in the header."""
     import spectral.io.envi as envi
@@ -146,7 +151,7 @@ def write_envi(outdir: Path, count: int = 3, rows: int = 48, cols: int = 48, see
     written = []
     for i in range(count):
         cube, _, centres, fwhm = scene(rows, cols, seed + i)
-        hdr = outdir / f"synthetic_{i:03d}.hdr"
+        hdr = outdir / envi_name(i)
         metadata = {
             "description": SYNTHETIC_NOTE,
             "wavelength": [f"{w:.3f}" for w in centres],

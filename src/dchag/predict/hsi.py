@@ -29,7 +29,7 @@ from .. import provenance
 from ..model import random_masking
 from ..store import atomic_path, write_zarr
 from .artifact import Model
-from .weather import PredictError
+from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)
 
@@ -132,16 +132,22 @@ def classify_scene(
     rows, cols = missing.shape
     p = model.meta["sample_size"]
     names = model.meta.get("class_names") or [str(i + 1) for i in range(model.config.num_classes)]
-    probs = np.zeros((len(names), rows, cols), np.float32)
-    centres = np.arange(rows * cols)
+    run = lay_out(model)
+    starts = range(0, rows * cols, batch_size)
+    part = {}
     with torch.no_grad():
-        for start in tqdm(range(0, centres.size, batch_size), desc="classify", unit="batch", mininterval=1):
-            sel = centres[start : start + batch_size]
-            patches = torch.from_numpy(extract_patches(x, sel, p))
-            logits = model.network(patches)
+        for b in tqdm(run.mine(len(starts)), desc="classify", unit="batch", mininterval=1, disable=not run.writer):
+            sel = np.arange(starts[b], min(starts[b] + batch_size, rows * cols))
+            logits = run(torch.from_numpy(extract_patches(x, sel, p)))
             if not torch.isfinite(logits).all():
-                raise PredictError(f"{model.source}: the class scores of pixels {start}.. of {image} are not finite")
-            probs.reshape(len(names), -1)[:, sel] = torch.softmax(logits, -1).numpy().T
+                raise PredictError(f"{model.source}: the class scores of pixels {sel[0]}.. of {image} are not finite")
+            part[int(sel[0])] = torch.softmax(logits, -1).numpy().T
+    part = run.gather(part)
+    if part is None:
+        return {}
+    probs = np.zeros((len(names), rows, cols), np.float32)
+    for first, values in part.items():
+        probs.reshape(len(names), -1)[:, first : first + values.shape[1]] = values
     labels = (probs.argmax(0) + 1).astype(np.int16)
     labels[missing] = 0
     probs[:, missing] = np.nan
@@ -196,19 +202,34 @@ def reconstruct_image(
     pred = np.full_like(truth, np.nan)
     masked = np.zeros(missing.shape, bool)
     g = torch.Generator().manual_seed(int(model.meta.get("seed", 0)) + 2024)
+    run = lay_out(model)
+    starts = range(0, len(corners), batch_size)
+    # every batch's mask drawn in order on every rank: the same masks in any layout
+    masks = [
+        random_masking(len(corners[s : s + batch_size]), cfg.num_patches, model.meta["mask_ratio"], g) for s in starts
+    ]
+    done = {}
     with torch.no_grad():
-        for start in tqdm(range(0, len(corners), batch_size), desc="reconstruct", unit="batch", mininterval=1):
-            part = corners[start : start + batch_size]
+        for b in tqdm(run.mine(len(starts)), desc="reconstruct", unit="batch", mininterval=1, disable=not run.writer):
+            part = corners[starts[b] : starts[b] + batch_size]
             tiles = np.stack([x[r : r + t, c : c + t].transpose(2, 0, 1) for r, c in part])
-            ids_keep, mask = random_masking(len(part), cfg.num_patches, model.meta["mask_ratio"], g)
-            y = model.network(torch.from_numpy(tiles), ids_keep=ids_keep).numpy()
+            ids_keep, mask = masks[b]
+            y = run(torch.from_numpy(tiles), ids_keep=ids_keep.to(run.device)).numpy()
             if not np.isfinite(y).all():
-                raise PredictError(f"{model.source}: the reconstruction of tiles {start}.. of {image} is not finite")
-            m = mask.numpy().reshape(-1, gh, 1, gw, 1).repeat(p, 2).repeat(p, 4).reshape(-1, t, t) > 0
-            for k, (r, c) in enumerate(part):
-                truth[:, r : r + t, c : c + t] = tiles[k] * std + mean
-                pred[:, r : r + t, c : c + t] = y[k] * std + mean
-                masked[r : r + t, c : c + t] = m[k]
+                raise PredictError(
+                    f"{model.source}: the reconstruction of tiles {starts[b]}.. of {image} is not finite"
+                )
+            done[b] = (y, mask.numpy())
+    done = run.gather(done)
+    if done is None:
+        return {}
+    for b, (y, mask) in done.items():
+        m = mask.reshape(-1, gh, 1, gw, 1).repeat(p, 2).repeat(p, 4).reshape(-1, t, t) > 0
+        for k, (r, c) in enumerate(corners[starts[b] : starts[b] + batch_size]):
+            tile = x[r : r + t, c : c + t].transpose(2, 0, 1)
+            truth[:, r : r + t, c : c + t] = tile * std + mean
+            pred[:, r : r + t, c : c + t] = y[k] * std + mean
+            masked[r : r + t, c : c + t] = m[k]
     rng = float(np.nanmax(truth) - np.nanmin(truth))
     tiles_t = np.stack([truth[:, r : r + t, c : c + t] for r, c in corners])
     tiles_p = np.stack([pred[:, r : r + t, c : c + t] for r, c in corners])

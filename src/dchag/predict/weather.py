@@ -4,16 +4,14 @@ conditions in any input layout the pipeline's ERA5 preprocessing reads, regridde
 normalised as in training. Written in physical units in WeatherBench 2's layout
 (:mod:`dchag.evaluate.wb2`).
 
-Under torchrun every rank forecasts its share of the initialisation times with the whole
-one-device model (on its GPU when there is one) and rank 0 writes the store: inference
-parallel over initialisation times, not in the run's tensor-parallel layout.
+Under torchrun the model runs in the run's layout (:mod:`dchag.predict.layout`): each
+tensor-parallel group forecasts its share of the initialisation times and rank 0 writes.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +22,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import provenance
-from ..errors import DchagError
 from ..store import open_any, open_store, write_zarr
 from .artifact import Model
+from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)
-
-
-class PredictError(DchagError, ValueError):
-    """Inputs that a model cannot forecast from (channels, grid, times, leads)."""
 
 
 @dataclass
@@ -164,22 +158,6 @@ def from_files(model: Model, paths: list[str], start: str | None = None, end: st
     return InitialConditions(times, lambda indices: cube[indices], ", ".join(paths))
 
 
-def _distributed() -> tuple[int, int, torch.device]:
-    """(rank, world, device): one process, or a torchrun group (gloo on the CPU, NCCL on GPUs)."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
-    if world == 1:
-        return 0, 1, device
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return dist.get_rank(), world, device
-
-
 def forecast(
     model: Model, inputs: InitialConditions, lead_hours: list[int], output: str, batch_size: int = 16
 ) -> Path | None:
@@ -199,17 +177,18 @@ def forecast(
         log.warning(
             "%s was trained on lead times %s-%s h; %s h lie outside (extrapolation)", model.source, lo, hi, outside
         )
-    rank, world, device = _distributed()
-    net = model.network.to(device)
+    run = lay_out(model)
     mean_all = np.asarray(model.meta["normalisation"]["mean"], np.float32)[None, :, None, None]
     std_all = np.asarray(model.meta["normalisation"]["std"], np.float32)[None, :, None, None]
     names = model.channel_names()
     out_ids = [names.index(o) for o in model.meta["outputs"]]
     mean, std = mean_all[:, out_ids], std_all[:, out_ids]
-    mine = np.arange(len(inputs.times))[rank::world]
+    mine = run.mine(len(inputs.times))
     result = {}
     with torch.no_grad():
-        bar = tqdm(range(0, len(mine), batch_size), desc="forecast", unit="batch", disable=rank != 0, mininterval=1)
+        bar = tqdm(
+            range(0, len(mine), batch_size), desc="forecast", unit="batch", disable=not run.writer, mininterval=1
+        )
         for start in bar:
             sel = mine[start : start + batch_size]
             x = (inputs.read(sel) - mean_all) / std_all
@@ -217,10 +196,10 @@ def forecast(
                 raise PredictError(
                     f"{inputs.source}: the initial conditions at {inputs.times[sel[0]]}.. are not finite"
                 )
-            xt = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(device)
+            xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
             per_lead = []
             for h in lead_hours:
-                pred = net(xt, torch.full((len(sel),), float(h), device=device)).cpu().numpy()
+                pred = run(xt, torch.full((len(sel),), float(h), device=run.device)).numpy()
                 if not np.isfinite(pred).all():
                     raise PredictError(
                         f"{model.source}: the forecast from {inputs.times[sel[0]]} at {h} h is not finite"
@@ -228,14 +207,9 @@ def forecast(
                 per_lead.append(pred * std + mean)
             for k, i in enumerate(sel):
                 result[int(i)] = np.stack([p[k] for p in per_lead])
-    if world > 1:
-        import torch.distributed as dist
-
-        parts = [None] * world if rank == 0 else None
-        dist.gather_object(result, parts, dst=0)
-        if rank != 0:
-            return None
-        result = {k: v for part in parts for k, v in part.items()}
+    result = run.gather(result)
+    if result is None:
+        return None
     order = sorted(result)
     cube = np.stack([result[i] for i in order])  # (time, lead, output, lat, lon)
     values = {name: cube[:, :, k] for k, name in enumerate(model.meta["outputs"])}
