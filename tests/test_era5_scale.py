@@ -120,6 +120,11 @@ def test_jobs_equal_the_definitions_over_all_the_data(six_hourly, tmp_path):
     assert np.isnan(clim["t2m"].sel(dayofyear=[101, 200, 336]).values).all()
     one = open_store(climatology(stores, tmp_path / "clim2.zarr"))
     assert np.array_equal(one["t2m"].values, clim["t2m"].values, equal_nan=True)
+    # 10 parts of 37 days: part boundaries inside the data (days 37/38, 74/75) change nothing
+    ten = [climatology_part(stores, k, 10, tmp_path / f"ten{k}.zarr") for k in range(1, 11)]
+    by_ten = open_store(combine_climatology(ten, tmp_path / "clim10.zarr"))
+    for name in names:
+        assert np.array_equal(by_ten[name].values, clim[name].values, equal_nan=True), name
 
 
 def test_day_blocks_cover_the_year_once():
@@ -141,6 +146,11 @@ def test_combines_refuse_incomplete_parts(six_hourly, tmp_path):
     part = split_part("train", stores[:2], YEARS[0], stats, tmp_path / "p.zarr")
     with pytest.raises(InputError, match=r"parts of years \[2004\] missing"):
         assemble_split("train", stores[:2], [part], stats, tmp_path / "train.zarr")
+    # parts normalised with other statistics (the statistics job ran again in between)
+    other = normalization_stats(stores[1:2], tmp_path / "other.json")
+    second = split_part("train", stores[:2], YEARS[1], stats, tmp_path / "p2.zarr")
+    with pytest.raises(InputError, match="normalised with other statistics than .*other.json"):
+        assemble_split("train", stores[:2], [part, second], other, tmp_path / "train.zarr")
     assert not (tmp_path / "clim.zarr").exists() and not (tmp_path / "train.zarr").exists()
 
 
@@ -224,11 +234,13 @@ def test_a_near_constant_channel_is_reported_and_its_std_floored(six_hourly, tmp
 
 
 # -- the plan: one job per year for every step whose cost grows with the years -------------------
-@pytest.mark.parametrize("years", [None, 40], ids=["config-era5", "40-years"])
-def test_the_paper_config_plans_one_job_per_year(years, tmp_path):
+@pytest.mark.parametrize(
+    "config, years", [("era5", None), ("paper", None), ("era5", 40)], ids=["config-era5", "config-paper", "40-years"]
+)
+def test_the_paper_config_plans_one_job_per_year(config, years, tmp_path):
     from test_configs import planned, snakemake, workdir
 
-    cfg = yaml.safe_load((REPO / "config" / "era5.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "config" / f"{config}.yaml").read_text())
     if years:  # the paper's 40 years: 1979-2014 train, 2015-2016 val, 2017-2018 test
         cfg["era5"]["years"] = {"train": list(range(1979, 2015)), "val": [2015, 2016], "test": [2017, 2018]}
     path = tmp_path / "era5.yaml"

@@ -183,9 +183,15 @@ def assemble_split(
     for p in parts:
         if not (Path(p) / "data" / "zarr.json").exists():
             raise InputError(f"{p} is not a split part of `dchag era5-split-part` (no data array)")
-        attrs = zarr.open_group(store=str(p), mode="r").attrs
+        group = zarr.open_group(store=str(p), mode="r")
+        attrs = group.attrs
         if attrs.get("split") != split or "part_of_year" not in attrs:
             raise InputError(f"{p} is not a part of split {split}")
+        if not (
+            np.array_equal(group["mean"][:], mean.astype(np.float64))
+            and np.array_equal(group["std"][:], std.astype(np.float64))
+        ):
+            raise InputError(f"{p} was normalised with other statistics than {stats_file}: make the parts again")
         by_year[int(attrs["part_of_year"])] = Path(p)
     missing = [y.year for y in layout.years if y.year not in by_year]
     if missing or len(by_year) != len(layout.years):
