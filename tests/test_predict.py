@@ -20,9 +20,10 @@ from test_train import BIN, finish, run_config, torchrun
 
 from dchag.cli import main
 from dchag.config import ConfigError, settings
+from dchag.model import file as model_file
+from dchag.model.file import ArtifactError
 from dchag.plan import check_run
 from dchag.predict import artifact
-from dchag.predict.artifact import ArtifactError
 
 SUBSET = ["z500", "z850", "t500", "t2m", "lsm"]  # of the fixture's z/t at 500/850, t2m, u10, lsm
 
@@ -80,7 +81,7 @@ def test_the_exported_model_gives_the_runs_outputs(trained):
     from dchag.train.loading import load_trained
 
     root, out, runs = trained
-    model = artifact.load(out / "full_model")  # one CPU, the folder alone
+    model = model_file.load(out / "full_model")  # one CPU, the folder alone
     meta = json.loads((out / "full_model" / "model.json").read_text())
     assert meta["format"] == "dchag-model" and meta["task"] == "forecast" and meta["outputs"] == ["z500", "t2m"]
     names = [c["name"] for c in meta["channels"]]
@@ -146,10 +147,10 @@ def _forecast_on_ranks(rank, world, model_dir, store, start, end, output):
     from dchag.predict import weather
     from dchag.predict.layout import lay_out
 
-    probe = lay_out(artifact.load(model_dir))  # the run's layout: D-CHAG over 2 ranks, 2 shares of the times
+    probe = lay_out(model_file.load(model_dir))  # the run's layout: D-CHAG over 2 ranks, 2 shares of the times
     assert probe.shares == world // 2 and probe.share_rank == rank // 2
     assert len(probe.channel_ids) < 7 and probe.net.group_gather is not None  # this rank's channel group
-    model = artifact.load(model_dir)
+    model = model_file.load(model_dir)
     made = weather.forecast(model, weather.from_store(model, store, start, end), [24, 48], output, batch_size=1)
     assert (made is not None) == (rank == 0)
 
@@ -183,7 +184,7 @@ def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
     def crafted(d: Path) -> None:  # a header claiming 2**62 bytes; the hash made to match
         (d / "model.safetensors").write_bytes(struct.pack("<Q", 2**62) + b"{}")
         meta = json.loads((d / "model.json").read_text())
-        meta["weights"]["sha256"] = artifact._sha256(d / "model.safetensors")
+        meta["weights"]["sha256"] = model_file._sha256(d / "model.safetensors")
         (d / "model.json").write_text(json.dumps(meta))
 
     def other_weights(d: Path) -> None:
@@ -200,7 +201,7 @@ def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
     }
     for name, (edit, message) in cases.items():
         with pytest.raises(ArtifactError, match=message):
-            artifact.load(broken(name, edit))
+            model_file.load(broken(name, edit))
     code = main(["predict", "--model", str(tmp_path / "crafted"), "--store", "x", "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "safetensors" in err
@@ -215,7 +216,7 @@ def _finetune_check(rank, world, cfg, out, stores, source_dir):
     from dchag.parallel.names import unwrap
     from dchag.train.trainer import Trainer
 
-    src = artifact.load(source_dir)
+    src = model_file.load(source_dir)
     trainer = Trainer(cfg, "ft", out, stores, init_from=source_dir)
     model = unwrap(trainer.model)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -317,7 +318,7 @@ def _hsi_model(tmp_path, task: str, section: dict, model: dict):
 def _hsi_on_ranks(rank, world, model_dir, image, output):
     from dchag.predict import hsi
 
-    model = artifact.load(model_dir)
+    model = model_file.load(model_dir)
     run = hsi.classify_scene if model.task == "classification" else hsi.reconstruct_image
     # small batches, so that each rank gets several (one tile a batch: the MAE masks are drawn per batch)
     made = run(model, image, output, None, 7 if model.task == "classification" else 1)
@@ -328,7 +329,7 @@ def _in_the_dchag_layout(model, directory):
     """The model saved as if trained with D-CHAG over 2 ranks (what predict lays out)."""
     model.meta["provenance"] = {**(model.meta.get("provenance") or {}),
                                 "fingerprint": {"parallel.tp": 2, "parallel.strategy": "dchag"}}  # fmt: skip
-    return artifact.save(model, directory)
+    return model_file.save(model, directory)
 
 
 def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_path):
@@ -347,7 +348,7 @@ def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_
         {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
         {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
     )
-    artifact.save(model, tmp_path / "model")
+    model_file.save(model, tmp_path / "model")
     assert main(["predict", "--model", str(tmp_path / "model"), "--image", str(tmp_path / "img.mat"),
                  "--output", str(tmp_path / "map.zarr")]) == 0  # fmt: skip
     out = xr.open_zarr(tmp_path / "map.zarr")
@@ -391,7 +392,7 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
         {"images": [str(p) for p in images], "tile": 16},
         {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
     )
-    made = artifact.save(model, tmp_path / "model")
+    made = model_file.save(model, tmp_path / "model")
     new = demo.write_envi(tmp_path / "new", count=1, rows=40, cols=40, seed=7)[0]
     assert main(["predict", "--model", str(made), "--image", str(new), "--output", str(tmp_path / "r.zarr"),
                  "--batch-size", "1"]) == 0  # fmt: skip

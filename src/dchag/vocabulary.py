@@ -83,12 +83,3 @@ VARIANTS: dict[str, Variant] = {
 }
 MODEL_VARIANTS = tuple(n for n, v in VARIANTS.items() if not v.front_only)
 FRONT_VARIANTS = tuple(n for n, v in VARIANTS.items() if v.front_only)
-AGGREGATION_LABELS = {Aggregation.LINEAR: "D-CHAG-L", Aggregation.CROSS: "D-CHAG-C"}
-
-
-def variant_of(aggregation: str, strategy: str) -> Variant | None:
-    """The paper's model variant of a run's aggregation and strategy (None: not one of them)."""
-    return next(
-        (v for v in VARIANTS.values() if not v.front_only and (v.aggregation, v.strategy) == (aggregation, strategy)),
-        None,
-    )

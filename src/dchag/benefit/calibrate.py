@@ -60,6 +60,8 @@ def workload_from_config(
         act_bytes=act_bytes,
         out_channels=len(cfg.out_channels) or 5,
         tree=s.model.tree,
+        bucket_bytes=s.parallel.ddp_bucket_mb * 2**20,
+        **({"rotation_fraction": s.train.rotation.fraction} if s.train.rotation else {}),
     )
 
 

@@ -19,11 +19,12 @@ def cmd_wb2_climatology(args) -> None:
 
 
 def cmd_forecast(args) -> None:
+    from ..config import settings
     from ..evaluate.forecast import model_forecast
 
-    model_forecast(
-        config(args), args.run, args.checkpoint, args.data, args.lead_hours, args.output, batch_size=args.batch_size
-    )
+    cfg = config(args)
+    batch = args.batch_size or settings(cfg).evaluate.inference_batch_size
+    model_forecast(cfg, args.run, args.checkpoint, args.data, args.lead_hours, args.output, batch_size=batch)
 
 
 def cmd_baseline_forecast(args) -> None:
@@ -137,7 +138,7 @@ def register(add) -> None:
     _trained_run_args(sp, store=False)
     sp.add_argument("--data", required=True, help="normalised split store to initialise from")
     sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
-    sp.add_argument("--batch-size", type=int, default=32)
+    sp.add_argument("--batch-size", type=int, help="initial times a batch (default: evaluate.inference_batch_size)")
     sp.add_argument("--output", required=True)
 
     sp = add("baseline-forecast", cmd_baseline_forecast, "persistence or climatology forecasts in the same layout")

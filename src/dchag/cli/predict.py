@@ -6,19 +6,31 @@ from __future__ import annotations
 from .common import config_arg
 
 
+def _training_store(cfg: dict, run: str, data: str | None) -> str:
+    """--data, or where the pipeline puts the run's training store (results/<name>/)."""
+    from ..config import run_settings
+    from ..plan import default_stores
+
+    return data or str(default_stores(cfg, run_settings(cfg, run).task)["train"])
+
+
 def _model(args):
     from ..config import load_config
     from ..predict.artifact import open_model
 
-    cfg = load_config(args.config) if args.config else None
-    return open_model(args.model, cfg, args.run, args.checkpoint, args.data)
+    if not args.config:
+        return open_model(args.model)
+    cfg = load_config(args.config)
+    store = _training_store(cfg, args.run, args.data) if args.run else None
+    return open_model(args.model, cfg, args.run, args.checkpoint, store)
 
 
 def cmd_export(args) -> None:
     from ..config import load_config
     from ..predict.artifact import export
 
-    export(load_config(args.config), args.run, args.checkpoint, args.output, args.data)
+    cfg = load_config(args.config)
+    export(cfg, args.run, args.checkpoint, args.output, _training_store(cfg, args.run, args.data))
     print(f"exported {args.run} to {args.output}")
 
 

@@ -3,6 +3,7 @@ of several runs, and the model's parameter counts."""
 
 from __future__ import annotations
 
+from ..vocabulary import Task
 from .common import config, config_arg
 
 
@@ -67,15 +68,16 @@ def cmd_describe_model(args) -> None:
     from dataclasses import replace
 
     from .. import jsonio
-    from ..config import settings
+    from ..config import ConfigError, settings
     from ..era5.source import forecast_model_config
     from ..model.describe import describe, format_table
 
     cfg = settings(config(args))
     mcfg = forecast_model_config(cfg, in_channels=args.channels)  # the config's ERA5 grid and channels
     if args.task != "forecast":
-        classes = args.num_classes or (16 if args.task == "classification" else 0)
-        mcfg = replace(mcfg, task=args.task, out_channels=[], num_classes=classes)
+        if args.task == "classification" and not args.num_classes:
+            raise ConfigError("describe-model --task classification needs --num-classes")
+        mcfg = replace(mcfg, task=args.task, out_channels=[], num_classes=args.num_classes)
     groups = args.groups or cfg.parallel.tp
     rows = describe(mcfg, groups)
     print(jsonio.dumps(rows, indent=1) if args.json else format_table(rows, mcfg, groups))
@@ -134,8 +136,8 @@ def register(add) -> None:
         "describe-model", cmd_describe_model, "parameter counts per part, for the baseline and each D-CHAG variant"
     )
     config_arg(sp)
-    sp.add_argument("--task", choices=["forecast", "mae", "classification"], default="forecast")
+    sp.add_argument("--task", choices=[t.value for t in Task], default=Task.FORECAST.value)
     sp.add_argument("--channels", type=int, help="count for this many input channels instead of the config's")
     sp.add_argument("--groups", type=int, help="channel groups / TP ranks (default: parallel.tp)")
-    sp.add_argument("--num-classes", type=int, default=0)
+    sp.add_argument("--num-classes", type=int, default=0, help="the classifier's classes (--task classification)")
     sp.add_argument("--json", action="store_true")

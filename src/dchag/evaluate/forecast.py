@@ -161,7 +161,7 @@ def baseline_forecast(
 
 
 def model_forecast(
-    config: dict, run: str, checkpoint: str, store: str, lead_hours: list[int], output: str, batch_size: int = 32
+    config: dict, run: str, checkpoint: str, store: str, lead_hours: list[int], output: str, batch_size: int
 ) -> Path:
     """The trained model's forecasts from every initialisation time of ``store`` (a normalised
     split store) at each lead, on one device (the checkpoint's parallel layout is undone)."""

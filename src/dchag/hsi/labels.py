@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .readers import HsiInputError, LabelMap
+from .image import HsiInputError, LabelMap
 
 
 def checked(lm: LabelMap) -> np.ndarray:

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from .readers import HsiInputError, HyperspectralImage
+from .image import HsiInputError, HyperspectralImage
 
 log = logging.getLogger(__name__)
 

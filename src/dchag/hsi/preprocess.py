@@ -17,9 +17,10 @@ from .. import provenance
 from ..store import atomic_path
 from . import labels as labelling
 from .bands import BandSelection, select_bands
+from .image import HsiInputError, HyperspectralImage
 from .normalise import Stats, describe, normalise, read_checked
 from .options import BandOptions, ClassificationSettings, TileSettings, band_options
-from .readers import HsiInputError, HyperspectralImage, read_image, read_labels
+from .readers import read_image, read_labels
 from .samples import complete_tiles, complete_windows, extract_patches, tile_grid
 from .sources import expand_images, has_wildcard, tile_pairs
 from .splits import (

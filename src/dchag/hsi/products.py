@@ -27,7 +27,6 @@ from them.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import xml.etree.ElementTree as ElementTree
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .readers import HsiInputError, HyperspectralImage, LabelMap, check_band_list, to_nm
+from .image import HsiInputError, HyperspectralImage, LabelMap, check_band_list, to_nm
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +419,3 @@ def read_emit(path: str) -> HyperspectralImage:
         },
         _raw=raw,
     )
-
-
-def georeference_json(images) -> str:
-    return json.dumps([img.meta.get("georeference") for img in images])

@@ -8,7 +8,8 @@ import logging
 import re
 from pathlib import Path
 
-from .readers import HsiInputError, envi_header, kind
+from .image import HsiInputError
+from .readers import envi_header, kind
 
 log = logging.getLogger(__name__)
 WILDCARDS = "*?["

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .readers import HsiInputError
+from .image import HsiInputError
 
 SPLITS = ("train", "val", "test")
 

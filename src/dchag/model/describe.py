@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..vocabulary import AGGREGATION_LABELS
+from ..vocabulary import MODEL_VARIANTS, VARIANTS, Strategy
 from .model import ChannelViT, ModelConfig
 
 PARTS = ("tokenizer", "partial aggregators", "final aggregation", "backbone", "head")
@@ -37,7 +37,8 @@ def variants(cfg: ModelConfig, groups: int) -> list[tuple[str, ModelConfig]]:
     """The baseline and the D-CHAG variants (-L/-C, Tree0 and every TreeK that divides the groups)."""
     out = [("baseline", replace(cfg, aggregation="baseline", groups=1, tree=0))]
     smallest_group = cfg.in_channels // groups
-    for kind, label in AGGREGATION_LABELS.items():
+    for v in (VARIANTS[n] for n in MODEL_VARIANTS if VARIANTS[n].strategy == Strategy.DCHAG):
+        kind, label = v.aggregation, v.label
         for tree in (0, 2, 4, 8):
             if tree and (smallest_group % tree or cfg.in_channels % groups):
                 continue

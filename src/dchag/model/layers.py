@@ -270,7 +270,7 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block (as timm's ViT block)."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, num_heads)

@@ -136,12 +136,13 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
     if front_only:  # the front end alone: no ViT, no head in memory
         model.blocks = nn.ModuleList()
     model = model.to(device)
-    strategy = "dchag" if model.cfg.aggregation != "baseline" else "baseline"
     model = parallelize_model(
         model,
         dims,
         mesh,
-        parallel_settings(strategy=strategy, activation_checkpointing=p.activation_checkpointing),
+        parallel_settings(
+            strategy=str(VARIANTS[p.variant].strategy), activation_checkpointing=p.activation_checkpointing
+        ),
         param_dtype=torch.bfloat16 if precision == "bf16" and p.dp > 1 else None,
     )
     core = model

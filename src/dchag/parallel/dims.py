@@ -63,9 +63,9 @@ def collective_device() -> torch.device:
 
 @dataclass
 class ParallelDims:
-    tp: int = 1
-    dp_mode: str = "fsdp"  # fsdp | ddp | none
-    world_size: int = 1
+    tp: int
+    dp_mode: str  # fsdp | ddp | none (parallel.data_parallel)
+    world_size: int
 
     def __post_init__(self):
         data_parallel_size(self.tp, self.dp_mode, self.world_size)

@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 
 from .. import provenance
 from ..model import random_masking
+from ..model.file import Model
 from ..store import atomic_path, write_zarr
-from .artifact import Model
 from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import DchagError
-from .artifact import Model
+from ..model.file import Model
 
 
 class PredictError(DchagError, ValueError):

@@ -22,8 +22,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import provenance
+from ..model.file import Model
 from ..store import open_any, open_store, write_zarr
-from .artifact import Model
 from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)

@@ -376,7 +376,6 @@ def _read_json(path: Path) -> dict | None:
 # -- the training loop's checkpoint policy -----------------------------------------------------------
 FINGERPRINT = "fingerprint.json"
 LEGACY_STAMP = "run_config.json"  # checkpoints/run_config.json of dchag before per-checkpoint fingerprints
-HISTORY = ("log.csv", "ranks.csv")
 _STEP = re.compile(r"step_(\d+)")
 
 

@@ -97,7 +97,7 @@ def _resize_pos(pos: torch.Tensor, src_grid: tuple[int, int], tgt_grid: tuple[in
 
 
 def initialise(model: nn.Module, target: dict, source, same_task: bool) -> dict:
-    """Load ``source`` (a :class:`dchag.predict.artifact.Model`) into the one-device ``model``
+    """Load ``source`` (a :class:`dchag.model.file.Model`) into the one-device ``model``
     as far as it fits; ``target`` describes this run's channels ({"names"} or
     {"wavelengths"}). Returns {"loaded": [...], "resized": [...], "new": [...], "channels":
     {...}}; raises FineTuneError if nothing but fresh parameters would remain."""

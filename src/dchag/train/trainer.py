@@ -181,7 +181,7 @@ class Trainer:
         source = self.cfg.init_from
         if source is None:
             return None, {}
-        from ..predict.artifact import load
+        from ..model.file import load
 
         src = load(source)
         target = (
