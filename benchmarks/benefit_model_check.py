@@ -26,9 +26,11 @@ sys.path.insert(0, str(REPO / "src"))
 
 from dchag.benefit.costmodel import Workload, predict  # noqa: E402
 from dchag.benefit.hardware import Compute, Hardware  # noqa: E402
+from dchag.vocabulary import MODEL_VARIANTS, VARIANTS  # noqa: E402
 
 MIB = 2**20
-STRATEGY = {"baseline": "tp", "D-CHAG-L": "dchag-l", "D-CHAG-C": "dchag-c"}
+# the cost model's strategy of each measured variant, by its label
+STRATEGY = {VARIANTS[n].label: VARIANTS[n].cost_model for n in MODEL_VARIANTS}
 
 
 def main() -> None:

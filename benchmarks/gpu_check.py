@@ -40,6 +40,10 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1] / "src"))  # as gpu_check.sh runs it: the package from this tree
+
+from dchag.vocabulary import MODEL_VARIANTS, VARIANTS  # noqa: E402
+
 SIZES = {  # the benchmark's model: paper-like on a GPU (docs/method.md: 128 x 256, patch 4, batch 2)
     "paper": dict(
         width=1024,
@@ -66,7 +70,7 @@ SIZES = {  # the benchmark's model: paper-like on a GPU (docs/method.md: 128 x 2
         checkpoint_every=4,
     ),
 }
-VARIANTS = [("baseline", "baseline"), ("D-CHAG-L", "dchag-l"), ("D-CHAG-C", "dchag-c")]
+BENCH_VARIANTS = [(VARIANTS[n].label, n) for n in MODEL_VARIANTS]  # (label, paper variant)
 
 
 def _torchrun(nproc: int, *args: str) -> list[str]:
@@ -304,7 +308,7 @@ def part_bench(size: str) -> None:
     init_distributed()
     s = SIZES[size]
     for channels in s["channels"]:
-        for label, variant in VARIANTS:
+        for label, variant in BENCH_VARIANTS:
             p = Point(
                 s["width"],
                 s["depth"],

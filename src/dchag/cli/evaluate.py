@@ -3,6 +3,7 @@ hyperspectral reconstruction and classification scores, and the comparison table
 
 from __future__ import annotations
 
+from ..evaluate.weather import METRICS, SCORING
 from .common import config, config_arg
 
 
@@ -155,9 +156,9 @@ def register(add) -> None:
     sp.add_argument(
         "--climatology", help="netCDF/Zarr: (dayofyear[, hour], [level], lat, lon); required for ACC under wb2"
     )
-    sp.add_argument("--convention", choices=["wb2", "climax"], required=True)
+    sp.add_argument("--convention", choices=list(SCORING), required=True)
     sp.add_argument("--batch-size", type=int, help="climax ACC: samples per batch (default: all in one)")
-    sp.add_argument("--metrics", nargs="+", choices=["rmse", "mse", "acc"], help="default: all three")
+    sp.add_argument("--metrics", nargs="+", choices=list(METRICS), help="default: all three")
     sp.add_argument("--variables", nargs="+", help="default: every lat-lon variable of the forecast")
     sp.add_argument(
         "--lead-hours", type=float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)"

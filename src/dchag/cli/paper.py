@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..paper.sweep import FIGURES
 from .common import config, config_arg, pairs
 
 
@@ -38,7 +39,7 @@ def register(add) -> None:
         "draw one of the paper's figures from this pipeline's sweep points and training runs, beside the "
         "published values",
     )
-    sp.add_argument("kind", choices=["front_share", "tokenization", "tree", "full_models", "tp_scaling", "accuracy"])
+    sp.add_argument("kind", choices=[*FIGURES, "accuracy"])
     sp.add_argument("inputs", nargs="*", help="point result JSONs (accuracy: comparison CSVs)")
     sp.add_argument("--mae", nargs="*", help="accuracy: VARIANT=log.csv of the hyperspectral MAE runs")
     sp.add_argument("--forecast", nargs="*", help="accuracy: VARIANT=log.csv of the ERA5 forecast runs")
