@@ -557,10 +557,12 @@ def _snakemake(workdir, config: dict, *args):
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
-def test_real_era5_grib_through_the_pipeline(tmp_path):
+@pytest.mark.parametrize("layout", ["grib", "cfgrib-netcdf"])
+def test_real_era5_grib_through_the_pipeline(tmp_path, layout):
     """The real ERA5 GRIB (member 0 of 10) as the training year, GRIB written by ecCodes on the
     same 3 deg grid as the validation and test years: weights, year stores, statistics, split
-    stores and climatology, by `snakemake --configfile`."""
+    stores and climatology, by `snakemake --configfile`; the same from the netCDF files cfgrib
+    writes of them (``number``, ``time`` + ``valid_time`` + ``step``, ``isobaricInhPa``)."""
     grib = tmp_path / "grib"
     grib.mkdir()
     shutil.copy(REAL_ERA5_GRIB, grib / "era5_2017.grib")
@@ -568,8 +570,15 @@ def test_real_era5_grib_through_the_pipeline(tmp_path):
         times = pd.date_range(f"{year}-01-01", periods=4, freq="12h")
         msgs = [(p, lv, t) for t in times for p in (129, 130) for lv in (850, 500)]
         write_grib(grib / f"era5_{year}.grib", msgs, edition=1, resolution=3.0)
+    inputs = "grib/era5_{year}.grib"
+    if layout == "cfgrib-netcdf":
+        for year in (2017, 2018, 2019):
+            cfgrib_netcdf(grib / f"era5_{year}.grib", grib / f"era5_{year}.nc")
+            (grib / f"era5_{year}.grib").unlink()
+        inputs = "grib/era5_{year}.nc"
+        assert {"number", "time", "isobaricInhPa"} <= set(xr.open_dataset(grib / "era5_2017.nc").dims)
     era5 = {
-        "inputs": ["grib/era5_{year}.grib"],
+        "inputs": [inputs],
         "member": 0,
         "years": {"train": [2017], "val": [2018], "test": [2019]},
         "time_step_hours": 12,
