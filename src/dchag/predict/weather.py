@@ -50,6 +50,16 @@ def _check_grid(model: Model, lat, lon, source: str) -> None:
         )
 
 
+def _between(times: pd.DatetimeIndex, start: str | None, end: str | None) -> np.ndarray:
+    """Which of ``times`` lie between ``start`` and ``end`` (inclusive; None: open)."""
+    keep = np.ones(len(times), bool)
+    if start:
+        keep &= times >= pd.Timestamp(start)
+    if end:
+        keep &= times <= pd.Timestamp(end)
+    return keep
+
+
 def from_store(model: Model, store: str, start: str | None = None, end: str | None = None) -> InitialConditions:
     """Initial conditions from a dchag store: a normalised split store (its own statistics
     undone) or a per-year store in physical units, between ``start`` and ``end`` (inclusive)."""
@@ -61,11 +71,7 @@ def from_store(model: Model, store: str, start: str | None = None, end: str | No
         raise PredictError(f"store {store} lacks channel(s) {missing} the model reads (it has {', '.join(names)})")
     _check_grid(model, ds.lat.values, ds.lon.values, f"store {store}")
     times = pd.DatetimeIndex(ds.time.values)
-    keep = np.ones(len(times), bool)
-    if start:
-        keep &= times >= pd.Timestamp(start)
-    if end:
-        keep &= times <= pd.Timestamp(end)
+    keep = _between(times, start, end)
     idx_all = np.flatnonzero(keep)
     if idx_all.size == 0:
         raise PredictError(f"store {store} has no time step between {start} and {end} ({times[0]} to {times[-1]})")
@@ -137,11 +143,7 @@ def from_files(model: Model, paths: list[str], start: str | None = None, end: st
 
     ds = xr.concat(fields, dim="time")
     times = pd.DatetimeIndex(ds.time.values)
-    keep = np.ones(len(times), bool)
-    if start:
-        keep &= times >= pd.Timestamp(start)
-    if end:
-        keep &= times <= pd.Timestamp(end)
+    keep = _between(times, start, end)
     if not keep.any():
         raise PredictError(f"{', '.join(paths)}: no time step between {start} and {end} on the model's time step")
     ds = ds.isel(time=np.flatnonzero(keep))
