@@ -288,7 +288,7 @@ def test_init_from_is_checked_at_plan_time(trained, tmp_path):
 
 
 # -- hyperspectral: a classification map and reconstructions of a new image ------------------------
-def _hsi_model(tmp_path, task: str, section: dict, model: dict):
+def _hsi_model(tmp_path, task: str, section: dict, model: dict, **common):
     """An untrained (seeded) model of ``task`` on a store the real preprocessing made, as
     artifact.describe gives it (what export writes)."""
     from test_hsi import hsi_config
@@ -299,7 +299,7 @@ def _hsi_model(tmp_path, task: str, section: dict, model: dict):
     from dchag.train.tasks import build_task
 
     key = "classification" if task == "classification" else "mae"
-    cfg = hsi_config(key, section, preset="indian_pines")
+    cfg = hsi_config(key, section, preset="indian_pines", **common)
     cfg = validate(
         {
             **cfg,
@@ -347,7 +347,9 @@ def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_
         "classification",
         {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
         {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
+        clip_percentiles=[2, 98],  # the training bounds travel in the model file and clip the new image
     )
+    assert len(model.meta["normalisation"]["clip"][0]) == model.config.in_channels
     model_file.save(model, tmp_path / "model")
     assert main(["predict", "--model", str(tmp_path / "model"), "--image", str(tmp_path / "img.mat"),
                  "--output", str(tmp_path / "map.zarr")]) == 0  # fmt: skip

@@ -241,7 +241,7 @@ def preprocess_classification(
     }
     sizes = {s: int(splits[s].size) for s in SPLITS}
     extra = {"label": np.int16, "row": np.int32, "col": np.int32} | ({"tile": np.int32} if tiled else {})
-    coords = band_coords(sel, mean, std, _kept_fwhm(images, sel))
+    coords = band_coords(sel, mean, std, _kept_fwhm(images, sel), bounds)
     # Pass 3: normalised patches, image by image.
     with atomic_path(output) as tmp:
         writer = SplitWriter(
@@ -326,7 +326,7 @@ def preprocess_tiles(t: TileSettings, opts: BandOptions, output: str | Path, con
         **provenance.as_attrs(provenance.record(config)),
     }
     sizes = {s: int((split_of == i).sum()) for i, s in enumerate(SPLITS)}
-    coords = band_coords(sel, mean, std, _kept_fwhm(images, sel))
+    coords = band_coords(sel, mean, std, _kept_fwhm(images, sel), bounds)
     extra = {"image": np.int32, "row0": np.int32, "col0": np.int32}
     with atomic_path(output) as tmp:
         writer = SplitWriter(

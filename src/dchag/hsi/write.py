@@ -16,7 +16,9 @@ from .bands import BandSelection
 from .splits import SPLITS
 
 
-def band_coords(sel: BandSelection, mean, std, fwhm: np.ndarray | None) -> dict:
+def band_coords(sel: BandSelection, mean, std, fwhm: np.ndarray | None, bounds=None) -> dict:
+    """The per-band coordinates of a store; ``bounds``: the (low, high) percentile clip values
+    of the normalisation (hsi.clip_percentiles), None where none was applied."""
     wl = sel.wavelengths if sel.wavelengths is not None else np.full(sel.keep.size, np.nan)
     fw = fwhm if fwhm is not None else np.full(sel.keep.size, np.nan)
     none = "none: the input has no wavelengths"
@@ -31,6 +33,14 @@ def band_coords(sel: BandSelection, mean, std, fwhm: np.ndarray | None) -> dict:
         "fwhm": ("band", fw, {"units": "nm", "description": "full width at half maximum (NaN: not in the input)"}),
         "mean": ("band", mean),
         "std": ("band", std),
+        **(
+            {
+                "clip_low": ("band", np.asarray(bounds[0]), {"description": "values below were clipped to it"}),
+                "clip_high": ("band", np.asarray(bounds[1]), {"description": "values above were clipped to it"}),
+            }
+            if bounds is not None
+            else {}
+        ),
     }
 
 

@@ -78,6 +78,10 @@ def _hsi_meta(task, store: Path) -> dict:
         return np.asarray(open_array(store, f"train/{name}")[:], np.float64)
 
     wavelength, fwhm = arr("wavelength"), arr("fwhm")
+    clipped = (Path(store) / "train" / "clip_low").exists()  # hsi.clip_percentiles: the training bounds
+    normalisation = {"mean": arr("mean").tolist(), "std": arr("std").tolist()}
+    if clipped:
+        normalisation["clip"] = [arr("clip_low").tolist(), arr("clip_high").tolist()]
     return {
         "bands": {
             "wavelength": [None if not np.isfinite(v) else float(v) for v in wavelength],
@@ -86,7 +90,7 @@ def _hsi_meta(task, store: Path) -> dict:
             "sensor_band": arr("sensor_band").astype(int).tolist(),
             "num_input_bands": info.get("num_input_bands"),
         },
-        "normalisation": {"mean": arr("mean").tolist(), "std": arr("std").tolist()},
+        "normalisation": normalisation,
         "class_names": list(task.class_names),
         "label_values": info.get("label_values"),
         "sample_size": int(task.model_cfg.img_size[0]),

@@ -59,18 +59,20 @@ def _band_indices(model: Model, img) -> np.ndarray:
 
 def read_scene(model: Model, path: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray, object]:
     """(normalised (rows, cols, bands) float32, missing (rows, cols), the image)."""
-    from ..hsi.normalise import read_checked
+    from ..hsi.normalise import normalise, read_checked
     from ..hsi.readers import read_image
 
     hsi = model.meta["data"]["hsi"]
-    if hsi.get("clip_percentiles"):
-        log.warning("the model was trained on values clipped to percentiles; the new image is not clipped")
+    norm = model.meta["normalisation"]
+    if hsi.get("clip_percentiles") and "clip" not in norm:  # a model file from before the bounds were kept
+        raise PredictError(
+            f"{model.source} was trained on values clipped to percentiles and does not hold the bounds: export it again"
+        )
     img = read_image(path, key, hsi.get("detector_overlap"), hsi.get("nodata"))
     keep = _band_indices(model, img)
     cube, missing, _ = read_checked(img, keep, hsi.get("nan_policy", "fail"))
-    mean = np.asarray(model.meta["normalisation"]["mean"], np.float32)
-    std = np.asarray(model.meta["normalisation"]["std"], np.float32)
-    x = ((cube - mean) / std).astype(np.float32)
+    bounds = np.asarray(norm["clip"], np.float32) if "clip" in norm else None
+    x = normalise(cube, np.asarray(norm["mean"], np.float32), np.asarray(norm["std"], np.float32), bounds, 2)
     x[missing] = 0.0
     return x, missing, img
 
