@@ -618,7 +618,10 @@ def test_channel_names_and_wb2_names_both_ways():
 
 
 def test_metrics_are_objects_chosen_from_each_conventions_table():
-    assert set(weather.SCORING) == set(weather.CONVENTIONS)
+    assert set(weather.SCORING) == {"wb2", "climax"}
+    lat = np.array([-60.0, 0.0, 60.0])
+    assert weather.SCORING["wb2"].weights is weather.cell_area_weights
+    assert weather.lat_weights(lat, "climax") == pytest.approx(weather.cos_weights(lat))
     for conv in weather.SCORING.values():
         assert tuple(conv.metrics) == weather.METRICS and all(m.name == k for k, m in conv.metrics.items())
     assert isinstance(weather.convention("climax").metrics["rmse"], weather.RMSESqrtBeforeTimeAvg)

@@ -28,13 +28,13 @@ never branches on the convention; a new metric is one class and one table entry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import DchagError
 
-CONVENTIONS = ("wb2", "climax")
 METRICS = ("rmse", "mse", "acc")
 
 
@@ -42,26 +42,33 @@ class WeatherScoreError(DchagError, ValueError):
     """A score was asked for on inputs it is not defined for."""
 
 
-def lat_weights(lat: np.ndarray, convention: str = "wb2") -> np.ndarray:
-    """Latitude weights of mean 1, shape (lat, 1); ``lat`` in degrees, ascending.
-
-    ``wb2``: WeatherBench 2's cell-area weights (``get_lat_weights``), right on any grid.
-    ``climax``: ClimaX's cos(lat) / mean(cos(lat)). The two are equal on pole-free, equally
-    spaced grids (the WeatherBench grids); on a grid with pole rows ClimaX's give the poles
-    no weight, while their cells have an area.
-    """
+def _ascending_radians(lat: np.ndarray) -> np.ndarray:
     deg = np.asarray(lat, dtype=np.float64)
     if deg.size > 1 and not (np.diff(deg) > 0).all():
         raise WeatherScoreError(f"latitudes must be strictly increasing, got {deg.tolist()}")
-    rad = np.deg2rad(deg)
-    if convention == "climax":
-        w = np.cos(rad)
-    elif convention == "wb2":
-        bounds = np.concatenate([[-np.pi / 2], (rad[:-1] + rad[1:]) / 2, [np.pi / 2]])
-        w = np.sin(bounds[1:]) - np.sin(bounds[:-1])
-    else:
-        raise WeatherScoreError(f"convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
+    return np.deg2rad(deg)
+
+
+def cell_area_weights(lat: np.ndarray) -> np.ndarray:
+    """WeatherBench 2's latitude weights (``get_lat_weights``: each row's cell area, from the
+    midpoints to the poles), right on any grid; mean 1, shape (lat, 1), ``lat`` ascending."""
+    rad = _ascending_radians(lat)
+    bounds = np.concatenate([[-np.pi / 2], (rad[:-1] + rad[1:]) / 2, [np.pi / 2]])
+    w = np.sin(bounds[1:]) - np.sin(bounds[:-1])
     return (w / w.mean())[:, None]
+
+
+def cos_weights(lat: np.ndarray) -> np.ndarray:
+    """ClimaX's cos(lat) / mean(cos(lat)), shape (lat, 1). Equal to :func:`cell_area_weights`
+    on pole-free, equally spaced grids (the WeatherBench grids); on a grid with pole rows they
+    give the poles no weight, while their cells have an area."""
+    w = np.cos(_ascending_radians(lat))
+    return (w / w.mean())[:, None]
+
+
+def lat_weights(lat: np.ndarray, name: str = "wb2") -> np.ndarray:
+    """The latitude weights of convention ``name`` (:data:`SCORING`)."""
+    return convention(name).weights(lat)
 
 
 def spatial_mse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -73,13 +80,10 @@ def mse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray) -> float:
     return float(spatial_mse(forecast, truth, w).mean())
 
 
-def rmse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray, convention: str) -> float:
-    per_time = spatial_mse(forecast, truth, w)
-    if convention == "wb2":
-        return float(np.sqrt(per_time.mean()))
-    if convention == "climax":
-        return float(np.sqrt(per_time).mean())
-    raise WeatherScoreError(f"convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
+def rmse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray, name: str) -> float:
+    """The RMSE of convention ``name`` (:data:`SCORING`): WB2's root of the time-mean MSE, or
+    ClimaX's time mean of the roots."""
+    return convention(name).metrics["rmse"](Fields(forecast, truth, w))
 
 
 def acc_wb2(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.ndarray) -> float:
@@ -152,7 +156,7 @@ class RMSE(Metric):
     name = "rmse"
 
     def __call__(self, f: Fields) -> float:
-        return rmse(f.forecast, f.truth, f.weights, "wb2")
+        return float(np.sqrt(spatial_mse(f.forecast, f.truth, f.weights).mean()))
 
 
 class RMSESqrtBeforeTimeAvg(Metric):
@@ -161,7 +165,7 @@ class RMSESqrtBeforeTimeAvg(Metric):
     name = "rmse"
 
     def __call__(self, f: Fields) -> float:
-        return rmse(f.forecast, f.truth, f.weights, "climax")
+        return float(np.sqrt(spatial_mse(f.forecast, f.truth, f.weights)).mean())
 
 
 class ACC(Metric):
@@ -193,10 +197,8 @@ class Convention:
 
     name: str
     climatology: str
+    weights: Callable[[np.ndarray], np.ndarray]
     metrics: dict[str, Metric] = field(default_factory=dict)
-
-    def weights(self, lat: np.ndarray) -> np.ndarray:
-        return lat_weights(lat, self.name)
 
     def select(self, names: list[str] | None) -> list[Metric]:
         names = list(names or self.metrics)
@@ -209,8 +211,10 @@ class Convention:
 SCORING: dict[str, Convention] = {
     c.name: c
     for c in (
-        Convention("wb2", "day_of_year", {m.name: m for m in (RMSE(), MSE(), ACC())}),
-        Convention("climax", "period_mean", {m.name: m for m in (RMSESqrtBeforeTimeAvg(), MSE(), PooledACC())}),
+        Convention("wb2", "day_of_year", cell_area_weights, {m.name: m for m in (RMSE(), MSE(), ACC())}),
+        Convention(
+            "climax", "period_mean", cos_weights, {m.name: m for m in (RMSESqrtBeforeTimeAvg(), MSE(), PooledACC())}
+        ),
     )
 }
 
