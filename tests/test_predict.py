@@ -167,6 +167,9 @@ def test_predict_under_torchrun_runs_in_the_runs_layout(trained, tmp_path):
                     str(tmp_path / "four.zarr"))  # fmt: skip
     one, four = xr.open_zarr(tmp_path / "one.zarr"), xr.open_zarr(tmp_path / "four.zarr")
     assert four.time.size == 5 and (four.time.values == one.time.values).all()
+    # written round by round (2 shares x 1 time a batch): chunks of 2 times, attributes kept
+    assert four.geopotential.encoding["chunks"][0] == 2 and four.geopotential.attrs["units"] == "m**2 s**-2"
+    assert four.attrs["forecast"] == "model" and four.attrs["model"] == one.attrs["model"]
     for var in ("geopotential", "2m_temperature"):
         np.testing.assert_allclose(four[var].values, one[var].values, rtol=1e-5)
 

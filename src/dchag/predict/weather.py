@@ -10,12 +10,14 @@ tensor-parallel group forecasts its share of the initialisation times and rank 0
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import dask.array as da
 import numpy as np
 import pandas as pd
 import torch
@@ -23,7 +25,7 @@ from tqdm.auto import tqdm
 
 from .. import provenance
 from ..model.file import Model
-from ..store import open_any, open_store, write_zarr
+from ..store import atomic_path, compressors, open_any, open_store
 from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)
@@ -160,6 +162,21 @@ def from_files(model: Model, paths: list[str], start: str | None = None, end: st
     return InitialConditions(times, lambda indices: cube[indices], ", ".join(paths))
 
 
+def _forecast_batch(run, model, inputs, sel, lead_hours, mean_all, std_all, mean, std) -> np.ndarray:
+    """(time, lead, output, lat, lon) forecasts in physical units from initial times ``sel``."""
+    x = (inputs.read(sel) - mean_all) / std_all
+    if not np.isfinite(x).all():
+        raise PredictError(f"{inputs.source}: the initial conditions at {inputs.times[sel[0]]}.. are not finite")
+    xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+    per_lead = []
+    for h in lead_hours:
+        pred = run(xt, torch.full((len(sel),), float(h), device=run.device)).numpy()
+        if not np.isfinite(pred).all():
+            raise PredictError(f"{model.source}: the forecast from {inputs.times[sel[0]]} at {h} h is not finite")
+        per_lead.append(pred * std + mean)
+    return np.stack(per_lead, axis=1)
+
+
 def forecast(
     model: Model, inputs: InitialConditions, lead_hours: list[int], output: str, batch_size: int = 16
 ) -> Path | None:
@@ -185,36 +202,6 @@ def forecast(
     names = model.channel_names()
     out_ids = [names.index(o) for o in model.meta["outputs"]]
     mean, std = mean_all[:, out_ids], std_all[:, out_ids]
-    mine = run.mine(len(inputs.times))
-    result = {}
-    with torch.no_grad():
-        bar = tqdm(
-            range(0, len(mine), batch_size), desc="forecast", unit="batch", disable=not run.writer, mininterval=1
-        )
-        for start in bar:
-            sel = mine[start : start + batch_size]
-            x = (inputs.read(sel) - mean_all) / std_all
-            if not np.isfinite(x).all():
-                raise PredictError(
-                    f"{inputs.source}: the initial conditions at {inputs.times[sel[0]]}.. are not finite"
-                )
-            xt = torch.from_numpy(np.ascontiguousarray(x, np.float32))
-            per_lead = []
-            for h in lead_hours:
-                pred = run(xt, torch.full((len(sel),), float(h), device=run.device)).numpy()
-                if not np.isfinite(pred).all():
-                    raise PredictError(
-                        f"{model.source}: the forecast from {inputs.times[sel[0]]} at {h} h is not finite"
-                    )
-                per_lead.append(pred * std + mean)
-            for k, i in enumerate(sel):
-                result[int(i)] = np.stack([p[k] for p in per_lead])
-    result = run.gather(result)
-    if result is None:
-        return None
-    order = sorted(result)
-    cube = np.stack([result[i] for i in order])  # (time, lead, output, lat, lon)
-    values = {name: cube[:, :, k] for k, name in enumerate(model.meta["outputs"])}
     grid = model.meta["grid"]
     attrs = {
         "forecast": "model",
@@ -226,7 +213,38 @@ def forecast(
             )
         ),
     }
-    write_zarr(
-        forecast_dataset(values, inputs.times[order], lead_hours, grid["latitude"], grid["longitude"], attrs), output
-    )
+    outputs, lat, lon = model.meta["outputs"], grid["latitude"], grid["longitude"]
+
+    def dataset(values, times):
+        return forecast_dataset(values, times, lead_hours, lat, lon, attrs)
+
+    # Rounds of one batch per share of the work: rank 0 writes each round's forecasts into the
+    # store as they come (memory: one round, however long the period), then renames it into place.
+    n = len(inputs.times)
+    starts = list(range(0, n, batch_size))
+    rounds = [starts[i : i + run.shares] for i in range(0, len(starts), run.shares)]
+    width = batch_size * run.shares  # the store's time chunk: each round fills whole chunks
+    with atomic_path(output) if run.writer else contextlib.nullcontext() as tmp, torch.no_grad():
+        if run.writer:
+            shape = (n, len(lead_hours), len(lat), len(lon))
+            empty = {o: da.zeros(shape, np.float32, chunks=(width, 1, len(lat), len(lon))) for o in outputs}
+            template = dataset(empty, inputs.times).chunk({"time": width, "prediction_timedelta": 1})
+            encoding = {v: {"compressors": compressors()} for v in template.data_vars}
+            template.to_zarr(tmp, zarr_format=3, consolidated=False, compute=False, mode="w", encoding=encoding)
+        for batches in tqdm(rounds, desc="forecast", unit="round", disable=not run.writer, mininterval=1):
+            part = {}
+            if run.share_rank < len(batches):
+                sel = np.arange(batches[run.share_rank], min(batches[run.share_rank] + batch_size, n))
+                part[int(sel[0])] = _forecast_batch(run, model, inputs, sel, lead_hours, mean_all, std_all, mean, std)
+            part = run.gather(part)
+            if not run.writer:
+                continue
+            a, b = batches[0], min(batches[-1] + batch_size, n)
+            cube = np.concatenate([part[k] for k in sorted(part)])  # (time, lead, output, lat, lon)
+            region = dataset({o: cube[:, :, k] for k, o in enumerate(outputs)}, inputs.times[a:b])
+            fixed = [c for c in region.coords if "time" not in region[c].dims]
+            region = region.drop_vars(fixed).drop_attrs().load()  # numpy: whole chunks of the store
+            region.to_zarr(tmp, region={"time": slice(a, b)}, consolidated=False)
+    if not run.writer:
+        return None
     return Path(output)
