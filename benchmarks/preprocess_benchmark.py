@@ -494,12 +494,12 @@ def report(doc: dict) -> str:
             else []
         ),
         f"Machine: {meta['machine']}, Python {meta['python']}; total {meta['total_s'] / 60:.0f} min. The machine "
-        "is shared (other sessions' tests ran meanwhile; the 1-minute load average at each job's end is in the "
+        "may be shared (other work may run meanwhile; the 1-minute load average at each job's end is in the "
         "JSON): wall times are upper bounds, CPU times (user + system) are what a job costs.  ",
         "Data: generated per-year stores in the `era5-year` layout, 80 channels (5 variables x 16 levels), 6-hourly "
         "(1460 / 1464 steps), smooth fields + noise, float32, Blosc zstd. Every job is the `dchag` subcommand its "
-        "rule runs, in a fresh process: peak = its peak RSS (about 200 MB of it is the interpreter with numpy, "
-        "xarray, zarr and dask imported), times around it.",
+        "rule runs, in a fresh process started by GNU time: peak = its peak RSS (about 100 MB of it is the "
+        "interpreter with numpy, xarray, zarr and dask imported), times around it.",
         "",
         "## Peak RSS and time per job (measured)",
         "",

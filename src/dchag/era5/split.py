@@ -28,7 +28,7 @@ import xarray as xr
 import zarr
 
 from .. import jsonio, provenance
-from ..store import InputError, atomic_path, channel_chunks, compressors
+from ..store import InputError, atomic_path, channel_chunks, compressors, release_freed_memory
 from .source import Era5InputError
 from .years import YearStore, open_years
 
@@ -123,6 +123,7 @@ def _write_shards(out: zarr.Array, layout: Layout, shards, mean: np.ndarray, std
     m, s = mean[None, :, None, None], std[None, :, None, None]
     for a, b in shards:
         out[a:b] = ((layout.read(a, b) - m) / s).astype(np.float32)
+        release_freed_memory()
 
 
 def _open(split: str, year_stores, stats_file) -> tuple[Layout, np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import zarr
 
-from ..store import InputError, open_zarr
+from ..store import InputError, bounded_malloc, open_zarr
 from .source import Era5InputError
 
 
@@ -20,6 +20,7 @@ class YearStore:
     """One regridded year (time, channel, lat, lon), physical units."""
 
     def __init__(self, path: str | Path):
+        bounded_malloc()  # the jobs that read year stores keep a block's memory, whatever the years
         self.path = Path(path)
         ds = open_zarr(self.path)  # a missing store: MissingFileError naming it
         try:
