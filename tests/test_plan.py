@@ -166,3 +166,22 @@ def test_the_schema_speaks_the_vocabulary():
     assert run["properties"]["task"]["enum"] == list(Task) == defs["verify"]["properties"]["task"]["enum"]
     variant = defs["paper_point"]["properties"]["variant"]["oneOf"][0]["enum"]
     assert variant == list(VARIANTS)
+
+
+def test_era5_jobs_ask_for_memory_by_grid_and_channels():
+    """The per-year jobs' memory follows the data per time step (measured in
+    benchmarks/results/preprocess.md: a 1.40625 deg split part of 80 channels peaked at 1877 MB,
+    above the 2000 MB asked for every grid before)."""
+
+    def plan_of(grid):
+        cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+        cfg["era5"]["grid"] = grid
+        return plan.Plan(validate(cfg, "test", check_files=False))
+
+    coarse, fine = plan_of(5.625), plan_of(1.40625)
+    assert coarse.era5_mem_mb("era5_split_part", 2000) == 2000  # the floor: the rule's own value
+    assert fine.era5_mem_mb("era5_split_part", 2000) >= 1.4 * 1877
+    assert fine.era5_mem_mb("era5_climatology", 4000) >= 1.4 * 1277
+    rules = (REPO / "workflow" / "rules" / "era5.smk").read_text()
+    for job in ("era5_year_stats", "era5_split_part", "era5_climatology_part", "era5_climatology"):
+        assert f'P.era5_mem_mb("{job}"' in rules

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +263,18 @@ class JobShape:
         return f"srun -n {self.nodes} --ntasks-per-node 1 {dchag}" if self.nodes > 1 else dchag
 
 
+# Peak RSS (MB) of the ERA5 jobs after the regridding, as a fixed part and a part per unit of
+# data per time step (80 channels on the 64 x 32 grid of 5.625 deg): fitted to
+# benchmarks/results/preprocess.md (5.625 and 1.40625 deg, 80 channels). The split assembly and
+# the statistics combine stay near 130 and 100 MB on any grid.
+ERA5_JOB_MB = {
+    "era5_year_stats": (177, 27),
+    "era5_split_part": (187, 106),
+    "era5_climatology_part": (274, 28),
+    "era5_climatology": (240, 65),
+}
+
+
 class Plan:
     """Everything the rules wire, from a validated config: built once when the Snakefile is
     read, so a config mistake stops the run there with one message, before any job runs."""
@@ -340,6 +353,17 @@ class Plan:
 
     def era5_climatology_part(self, part) -> str:
         return f"{self.results}/era5/climatology_parts/{part}.zarr"
+
+    def era5_mem_mb(self, job: str, floor: int) -> int:
+        """Memory (MB) to ask the scheduler for one ``job`` (a rule of ERA5_JOB_MB): 1.5 x the
+        peak measured for the config's channels and grid, at least ``floor``."""
+        from .era5.source import channel_names
+        from .grids import weatherbench_grid
+
+        fixed, per_unit = ERA5_JOB_MB[job]
+        ny, nx = weatherbench_grid(self.era5["grid"]).shape
+        units = len(channel_names(self.era5)) * ny * nx / (80 * 32 * 64)
+        return max(floor, int(math.ceil(1.5 * (fixed + per_unit * units) / 100) * 100))
 
     def era5_inputs(self, year) -> list[str]:
         from .config import era5_input_paths

@@ -130,7 +130,7 @@ rule era5_year_stats:
     conda:
         "../../envs/preprocess.yaml"
     resources:
-        mem_mb=2000,
+        mem_mb=P.era5_mem_mb("era5_year_stats", 2000),
         runtime=60,
     params:
         dchag=DCHAG,
@@ -170,7 +170,7 @@ rule era5_split_part:
     conda:
         "../../envs/preprocess.yaml"
     resources:
-        mem_mb=2000,
+        mem_mb=P.era5_mem_mb("era5_split_part", 2000),
         runtime=120,
     params:
         dchag=DCHAG,
@@ -218,7 +218,7 @@ rule era5_climatology_part:
     conda:
         "../../envs/preprocess.yaml"
     resources:
-        mem_mb=2000,
+        mem_mb=P.era5_mem_mb("era5_climatology_part", 2000),
         runtime=60,
     params:
         dchag=DCHAG,
@@ -241,7 +241,7 @@ rule era5_climatology:
     conda:
         "../../envs/preprocess.yaml"
     resources:
-        mem_mb=4000,
+        mem_mb=P.era5_mem_mb("era5_climatology", 4000),
         runtime=60,
     params:
         dchag=DCHAG,
