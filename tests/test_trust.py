@@ -433,43 +433,11 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(data_root, smal
         assert not list(disk.glob("*truth*")), list(disk.iterdir())
     cfg = run_config(base, steps=4, checkpoint_every=2, val_every=2)
     cfg["parallel"] = {"tp": 1, "strategy": "baseline", "data_parallel": "none"}
-    proc = subprocess.run([*_cli_command(cfg, full / "run", root)], capture_output=True, text=True, env=_rank_env())
+    proc = _cli(cfg, full, root)  # writes full / "run"
     assert proc.returncode == 2 and "cannot write" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[
         -2000:
     ]
     assert not (full / "run" / "final").exists()
-
-
-def _rank_env() -> dict:
-    from distributed import free_port
-
-    return {
-        **os.environ,
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }
-
-
-def _cli_command(cfg: dict, out: Path, root: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "dchag",
-        "train",
-        "--config",
-        json.dumps(cfg),
-        "--run-name",
-        "f",
-        "--output",
-        str(out),
-        "--train-data",
-        str(root / "era5" / "train.zarr"),
-        "--val-data",
-        str(root / "era5" / "val.zarr"),
-    ]
 
 
 def test_dead_writers_temporaries_are_removed(tmp_path):
