@@ -306,6 +306,15 @@ def read_rates(store: Path, batches: int, workers: list[int], in_memory: bool) -
     return out
 
 
+NODES = {
+    # name: (matmul FLOP/s, HBM B/s, per-GPU link B/s, latency s, CPU cores per GPU for loaders)
+    # Frontier: 56 of a node's 64 cores run applications (8 are the system's), 8 GCDs; DGX H100:
+    # 2 x 56-core Xeon 8480C, 8 GPUs
+    "Frontier node, 8 MI250X GCDs (the paper's)": (191.5e12, 1.6e12, 50e9, 10e-6, 7),
+    "DGX H100, 8 GPUs on NVLink": (989e12, 3.35e12, 450e9, 5e-6, 14),
+}
+
+
 def predicted_steps() -> list[dict]:
     """The paper's ERA5 model (width 512, depth 16, 16 heads, patch 4, 80 channels, 5 outputs,
     bf16) on one 8-GPU node, D-CHAG-L: TP 8 (every rank reads the global batch of 512) and
@@ -314,14 +323,9 @@ def predicted_steps() -> list[dict]:
     from dchag.benefit.costmodel import Workload, predict
     from dchag.benefit.hardware import Compute, Hardware
 
-    nodes = {
-        # name: (matmul FLOP/s, HBM B/s, per-GPU link B/s, latency s)
-        "Frontier node, 8 MI250X GCDs (the paper's)": (191.5e12, 1.6e12, 50e9, 10e-6),
-        "DGX H100, 8 GPUs on NVLink": (989e12, 3.35e12, 450e9, 5e-6),
-    }
     rows = []
     for grid, tokens in ((5.625, (32 // 4) * (64 // 4)), (1.40625, (128 // 4) * (256 // 4))):
-        for name, (flops, bw, link, alpha) in nodes.items():
+        for name, (flops, bw, link, alpha, _) in NODES.items():
             for tp, batch in ((8, BATCH), (4, BATCH // 2)):
                 w = Workload(80, 512, 16, 16, tokens, 4, batch, out_channels=5)
                 p = predict(w, Hardware(alpha, link, link, 8), 8, 8, "dchag-l", Compute(flops, bw), tp=tp)
@@ -334,6 +338,7 @@ def predicted_steps() -> list[dict]:
                         "channels_per_rank": math.ceil(80 / tp),
                         "step_s": p.step_s,
                         "needed_samples_per_s": batch / p.step_s,
+                        "cores_per_gpu": NODES[name][4],
                     }
                 )
     return rows
@@ -375,7 +380,7 @@ def main() -> None:
         print(report(doc))
         return
     if args.read:
-        rates = read_rates(Path(args.read[0]), args.read_batches, [0, 2], args.read[1] == "1")
+        rates = read_rates(Path(args.read[0]), args.read_batches, [0, 1, 2], args.read[1] == "1")
         print(json.dumps(rates))
         return
 
@@ -465,7 +470,7 @@ def main() -> None:
         stats = run.statistics([partial])
         store, _ = run.split(stats)
         sizes["split_bytes_1.40625_per_year"] = du(store) * scale
-        read(store, in_memory=False)
+        read(store, in_memory=True)  # a rank's channels of one year: 2.8 GB
         shutil.rmtree(store)
         run.climatology(drop_years=True)
 
@@ -669,12 +674,13 @@ def read_side(doc: dict) -> list[str]:
         f"One D-CHAG rank of 8 (10 of the 80 channels, plus the 5 output channels), batches of random samples "
         f"(`batch`: {BATCH}, the paper's, or fewer where the generated store holds fewer samples; "
         "ForecastDataset.__getitems__, as the DataLoader calls it), measured on this machine; "
-        "`loader wN` = the trainer's DataLoader with N workers, prefetch 2 (2 cores here: 2 workers compete "
-        "with the main process).",
+        "`loader wN` = the trainer's DataLoader with N workers, prefetch 2 (2 cores here: w1 is one worker "
+        "process on a core of its own, the training process on the other; 2 workers compete with the "
+        "training process).",
         "",
         "| grid | batch | sample MB | Zarr cold | Zarr page-cached | in memory (cache_mb) | load into memory s | "
-        "loader w0 Zarr | loader w2 Zarr | loader w0 memory | loader w2 memory |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "loader w0 Zarr | loader w1 Zarr | loader w2 Zarr | loader w0 memory | loader w1 memory | loader w2 memory |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in reads:
         g = r["grid"]
@@ -685,8 +691,9 @@ def read_side(doc: dict) -> list[str]:
         out.append(
             f"| {g} | {r.get('batch', BATCH)} | {r['sample_mb']:.3f} | {v('zarr_cold')} | {v('zarr_cached')} | "
             f"{v('memory')} | "
-            f"{r.get('memory_load_s', '-')} | {v('loader_zarr_cached_w0')} | {v('loader_zarr_cached_w2')} | "
-            f"{v('loader_memory_w0')} | {v('loader_memory_w2')} |"
+            f"{r.get('memory_load_s', '-')} | {v('loader_zarr_cached_w0')} | {v('loader_zarr_cached_w1')} | "
+            f"{v('loader_zarr_cached_w2')} | {v('loader_memory_w0')} | {v('loader_memory_w1')} | "
+            f"{v('loader_memory_w2')} |"
         )
     out += [
         "",
@@ -701,16 +708,38 @@ def read_side(doc: dict) -> list[str]:
             f"| {p['grid']} | {p['node']} | {p['tp']} x {8 // p['tp']} | {p['batch_per_rank']} | "
             f"{p['step_s'] * 1e3:.0f} | {p['needed_samples_per_s']:.0f} |"
         )
-    out += ["", "What it means, per grid (the best loader measured here against the most a rank needs):", ""]
+    out += [
+        "",
+        "What it means: the workers a rank needs so that the loader is never the bottleneck. A worker "
+        "process reads whole batches on its own, so N workers on N cores of their own read N x the rate "
+        "of one (`loader w1`; extrapolated, as this machine has 2 cores); prefetch 2 keeps 2 batches "
+        "per worker ready. Needed: the highest rate of the node's layouts above.",
+        "",
+        "| grid | source | one worker samples/s | node | needed samples/s | workers per rank | cores per GPU | "
+        "keeps up |",
+        "|---|---|---:|---|---:|---:|---:|---|",
+    ]
     for r in reads:
         g = r["grid"]
-        need = max(p["needed_samples_per_s"] for p in pred if p["grid"] == g)
-        best = max(v for k, v in r.items() if k.startswith("loader_"))
-        source = "memory" if any(k.startswith("loader_memory") and r[k] == best for k in r) else "Zarr"
-        verdict = "the loader keeps up" if best >= need else f"the loader is the bottleneck ({best / need:.0%} of it)"
-        out.append(
-            f"* {g} deg: {best:.0f} samples/s from {source} with 2 workers on 2 cores, {need:.0f} needed: {verdict}."
-        )
+        for source in ("memory", "zarr_cached"):
+            one = r.get(f"loader_{source}_w1")
+            if not one:
+                continue
+            for node in NODES:
+                ps = [p for p in pred if p["grid"] == g and p["node"] == node]
+                need = max(p["needed_samples_per_s"] for p in ps)
+                workers = math.ceil(need / one)
+                cores = ps[0]["cores_per_gpu"]
+                out.append(
+                    f"| {g} | {'in memory' if source == 'memory' else 'Zarr'} | {one:.0f} | {node} | {need:.0f} | "
+                    f"{workers} | {cores} | {'yes' if workers < cores else 'no: more workers than cores'} |"
+                )
+    out += [
+        "",
+        "`workers per rank` < `cores per GPU` leaves a core for the training process. The settings: "
+        "`train.num_workers` at least the table's `workers per rank` for the node, `train.prefetch_factor` 2, "
+        "and `train.cache_mb` large enough for a rank's channels where they fit in the node's memory.",
+    ]
     return out
 
 

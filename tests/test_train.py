@@ -23,25 +23,33 @@ from distributed import free_port, run_distributed
 BIN = Path(sys.executable).parent
 
 
-def test_the_forecast_dataset_reads_the_same_samples_from_memory_or_zarr(data_root):
-    """A rank's channel block and the outputs at t + lead: batches read from Zarr, from the
-    in-memory copy (train.cache_mb) and one sample at a time are the same samples."""
+@pytest.mark.parametrize("block", ["contiguous", "scattered"])
+def test_the_forecast_dataset_reads_the_same_samples_from_memory_or_zarr(data_root, block):
+    """A rank's channels and the outputs at t + lead: batches read from Zarr (slice by slice),
+    from the in-memory copy (train.cache_mb) and one sample at a time are the same samples,
+    for a block of the store's channels and for a run's channel subset out of store order."""
     from dchag.store import open_store
-    from dchag.train.data import ForecastDataset
+    from dchag.train.data import ForecastDataset, channel_runs
 
     root, _ = data_root
     store = root / "era5" / "train.zarr"
     ds = open_store(store)
     names = list(ds.channel.values)
-    args = (store, names, [2, 3, 4], ["z500", "t2m"], (24, 48), 7)
+    if block == "contiguous":
+        channels, rank, want, outputs = names, [2, 3, 4], [2, 3, 4], ["z500", "t2m"]
+    else:  # the run's channels in another order than the store's; rank 0 holds 6, 1, 2
+        channels, rank, want, outputs = [names[6], names[1], names[2], names[0]], [0, 1, 2], [6, 1, 2], ["t2m", "z500"]
+        assert channel_runs(want) == [slice(6, 7), slice(1, 3)]
+    args = (store, channels, rank, outputs, (24, 48), 7)
     zarr_read, cached = ForecastDataset(*args), ForecastDataset(*args, cache_bytes=2**20)
     assert zarr_read.x_mem is None and cached.x_mem is not None
     values = ds.data.values
-    out = [names.index("z500"), names.index("t2m")]
+    out = [names.index(o) for o in outputs]
     for d in (zarr_read, cached):
         for i, (x, lead, y) in zip([5, 0, 5], d.__getitems__([5, 0, 5])):
             assert lead.item() in (24.0, 48.0) and lead.item() == d.lead_of(i)
-            assert np.array_equal(x.numpy(), values[i, 2:5]) and np.array_equal(
+            assert x.dtype == y.dtype == torch.float32
+            assert np.array_equal(x.numpy(), values[i, want]) and np.array_equal(
                 y.numpy(), values[i + int(lead) // 24, out]
             )
         assert all(torch.equal(a, b) for a, b in zip(d[1], zarr_read[1]))
