@@ -313,6 +313,8 @@ NODES = {
     "Frontier node, 8 MI250X GCDs (the paper's)": (191.5e12, 1.6e12, 50e9, 10e-6, 7),
     "DGX H100, 8 GPUs on NVLink": (989e12, 3.35e12, 450e9, 5e-6, 14),
 }
+NODE_RAM_GB = {"Frontier node, 8 MI250X GCDs (the paper's)": 512, "DGX H100, 8 GPUs on NVLink": 2048}
+STEPS_PER_YEAR = 1461  # 6-hourly, leap years included
 
 
 def predicted_steps() -> list[dict]:
@@ -633,12 +635,18 @@ def table_40(doc: dict) -> list[str]:
         node = max(totals["statistics"][1] + totals["splits"][1], totals["climatology"][1])
         slurm = max(totals["statistics"][2] + totals["splits"][2], totals["climatology"][2])
         out.append(f"| {grid} | all three | | {core:.2f} | | {node:.2f} | {slurm:.2f} |")
+    partial_year = any(r.get("days") for r in rows if r["grid"] == 1.40625)
     out += [
         "",
         "Disk for 40 years (measured bytes per year x 40; the split parts are hard-linked into the split store, "
         "so they take no room of their own; the climatology parts hold one year's worth of float32 means "
-        "between them, as does climatology.zarr; at 1.40625 deg from a year's first days, 16 x the 5.625 deg "
-        "climatology, which holds every day of the year):",
+        "between them, as does climatology.zarr"
+        + (
+            "; at 1.40625 deg from a year's first days, 16 x the 5.625 deg climatology, which holds every day of "
+            "the year):"
+            if partial_year
+            else "):"
+        ),
         "",
         "| grid | per-year stores GB | split stores GB | climatology parts GB | climatology.zarr GB |",
         "|---|---:|---:|---:|---:|",
@@ -716,11 +724,13 @@ def read_side(doc: dict) -> list[str]:
         "per worker ready. Needed: the highest rate of the node's layouts above.",
         "",
         "| grid | source | one worker samples/s | node | needed samples/s | workers per rank | cores per GPU | "
-        "keeps up |",
-        "|---|---|---:|---|---:|---:|---:|---|",
+        "8 ranks' channels in memory GB | node memory GB | keeps up |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in reads:
         g = r["grid"]
+        # every rank holds its channels and the outputs of the training years (cache_mb)
+        held = 8 * r["sample_mb"] * STEPS_PER_YEAR * TRAIN / 1024
         for source in ("memory", "zarr_cached"):
             one = r.get(f"loader_{source}_w1")
             if not one:
@@ -730,15 +740,25 @@ def read_side(doc: dict) -> list[str]:
                 need = max(p["needed_samples_per_s"] for p in ps)
                 workers = math.ceil(need / one)
                 cores = ps[0]["cores_per_gpu"]
+                ram = NODE_RAM_GB[node]
+                if workers >= cores:
+                    verdict = "no: more workers than cores"
+                elif source == "memory" and held > 0.8 * ram:
+                    verdict = "no: the channels do not fit in memory"
+                else:
+                    verdict = "yes"
                 out.append(
                     f"| {g} | {'in memory' if source == 'memory' else 'Zarr'} | {one:.0f} | {node} | {need:.0f} | "
-                    f"{workers} | {cores} | {'yes' if workers < cores else 'no: more workers than cores'} |"
+                    f"{workers} | {cores} | {f'{held:.0f}' if source == 'memory' else '-'} | {ram} | {verdict} |"
                 )
     out += [
         "",
-        "`workers per rank` < `cores per GPU` leaves a core for the training process. The settings: "
+        "`workers per rank` < `cores per GPU` leaves a core for the training process; in memory, the "
+        f"{TRAIN} training years' channels of the 8 ranks (each rank its 10 channels and the 5 outputs; the "
+        "DataLoader's forked workers share them) must fit in 80% of the node's memory. The settings: "
         "`train.num_workers` at least the table's `workers per rank` for the node, `train.prefetch_factor` 2, "
-        "and `train.cache_mb` large enough for a rank's channels where they fit in the node's memory.",
+        "and `train.cache_mb` above a rank's share of the channels where the table says they fit "
+        "(config/paper.yaml: 5.625 deg, 16384 MiB and 6 workers).",
     ]
     return out
 

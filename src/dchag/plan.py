@@ -265,7 +265,7 @@ class JobShape:
 
 # Peak RSS (MB) of the ERA5 jobs after the regridding, as a fixed part and a part per unit of
 # data per time step (80 channels on the 64 x 32 grid of 5.625 deg): fitted to
-# benchmarks/results/preprocess.md (5.625 and 1.40625 deg, 80 channels). The split assembly and
+# benchmarks/results/preprocess.md (5.625 deg and a whole year at 1.40625 deg, 80 channels). The split assembly and
 # the statistics combine stay near 130 and 100 MB on any grid.
 ERA5_JOB_MB = {
     "era5_year_stats": (177, 27),
