@@ -356,7 +356,7 @@ def main() -> None:
         "--split-years",
         type=int,
         nargs="+",
-        default=[1, 2, 8],
+        default=[1, 2, 4, 8],
         help="year counts whose splits are built (a split part is the slowest job: ~100 s a year here)",
     )
     p.add_argument("--read-years", type=int, default=2, help="the split the read side reads (its years)")
@@ -371,6 +371,11 @@ def main() -> None:
         "--coarse-from",
         metavar="JSON",
         help="take the 5.625 deg rows, sizes and reads from an earlier run's JSON (same code) and run only 1.40625 deg",
+    )
+    p.add_argument(
+        "--fine-from",
+        metavar="JSON",
+        help="take the 1.40625 deg rows, sizes and reads from an earlier run's JSON (same code) and run only 5.625 deg",
     )
     p.add_argument("--report", metavar="JSON", help="only write the report again from a run's JSON")
     p.add_argument("--read", nargs=2, metavar=("STORE", "MEMORY"), help=argparse.SUPPRESS)
@@ -390,13 +395,14 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     rows, sizes, reads = [], {}, []
-    coarse_meta = None
-    if args.coarse_from:
-        earlier = json.loads(Path(args.coarse_from).read_text())
-        coarse_meta = earlier["meta"]
-        rows = [r for r in earlier["rows"] if r["grid"] == 5.625]
-        sizes = {k: v for k, v in earlier["sizes"].items() if "5.625" in k}
-        reads = [r for r in earlier["reads"] if r["grid"] == 5.625]
+    reused = {}  # grid: the earlier run's meta, for the grid taken from it
+    for grid, earlier_json in ((5.625, args.coarse_from), (1.40625, args.fine_from)):
+        if earlier_json:
+            earlier = json.loads(Path(earlier_json).read_text())
+            reused[grid] = earlier["meta"]
+            rows += [r for r in earlier["rows"] if r["grid"] == grid]
+            sizes.update({k: v for k, v in earlier["sizes"].items() if f"_{grid}" in k})
+            reads += [r for r in earlier["reads"] if r["grid"] == grid]
     t_start = time.perf_counter()
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -410,8 +416,8 @@ def main() -> None:
             "total_s": round(time.perf_counter() - t_start, 1),
             "fine_days": args.fine_days,
         }
-        if coarse_meta:
-            meta["coarse_from"] = {k: coarse_meta[k] for k in ("command", "total_s")}
+        for grid, earlier_meta in reused.items():
+            meta["coarse_from" if grid == 5.625 else "fine_from"] = {k: earlier_meta[k] for k in ("command", "total_s")}
         doc = {"meta": meta, "rows": rows, "sizes": sizes, "reads": reads, "predicted": predicted_steps()}
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
         return doc
@@ -431,7 +437,7 @@ def main() -> None:
 
     # 5.625 deg: N years
     grid = 5.625
-    if not args.coarse_from:  # else: taken from the earlier run
+    if 5.625 not in reused:  # else: taken from the earlier run
         most = max(args.years)
         years = list(range(FIRST_YEAR, FIRST_YEAR + most))
         coarse = work / "5.625"
@@ -456,7 +462,7 @@ def main() -> None:
             run.climatology()
 
     # 1.40625 deg: one year, each output deleted once the next job has read it
-    if not args.skip_fine:
+    if not args.skip_fine and 1.40625 not in reused:
         grid = 1.40625
         fine = work / "1.40625"
         t0 = time.perf_counter()
@@ -496,9 +502,9 @@ def report(doc: dict) -> str:
         "",
         f"Command: `{meta['command']}`  ",
         *(
-            [f"5.625 deg rows from an earlier run of the same code: `{meta['coarse_from']['command']}`  "]
-            if meta.get("coarse_from")
-            else []
+            f"{grid} deg rows from an earlier run of the same code: `{meta[key]['command']}`  "
+            for grid, key in ((5.625, "coarse_from"), (1.40625, "fine_from"))
+            if meta.get(key)
         ),
         f"Machine: {meta['machine']}, Python {meta['python']}; total {meta['total_s'] / 60:.0f} min. The machine "
         "may be shared (other work may run meanwhile; the 1-minute load average at each job's end is in the "
