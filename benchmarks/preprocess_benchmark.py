@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -306,14 +307,22 @@ def read_rates(store: Path, batches: int, workers: list[int], in_memory: bool) -
     return out
 
 
+class Node(NamedTuple):
+    flops: float  # matmul FLOP/s per GPU
+    hbm: float  # HBM B/s per GPU
+    link: float  # per-GPU link B/s
+    latency: float  # s
+    cores_per_gpu: int  # CPU cores for a rank's loader workers
+    ram_gb: int  # the node's memory
+
+
 NODES = {
-    # name: (matmul FLOP/s, HBM B/s, per-GPU link B/s, latency s, CPU cores per GPU for loaders)
-    # Frontier: 56 of a node's 64 cores run applications (8 are the system's), 8 GCDs; DGX H100:
-    # 2 x 56-core Xeon 8480C, 8 GPUs
-    "Frontier node, 8 MI250X GCDs (the paper's)": (191.5e12, 1.6e12, 50e9, 10e-6, 7),
-    "DGX H100, 8 GPUs on NVLink": (989e12, 3.35e12, 450e9, 5e-6, 14),
+    # Frontier: 56 of a node's 64 cores run applications (8 are the system's), 8 GCDs, 512 GB;
+    # DGX H100: 2 x 56-core Xeon 8480C, 8 GPUs, 2 TB
+    "Frontier node, 8 MI250X GCDs (the paper's)": Node(191.5e12, 1.6e12, 50e9, 10e-6, 7, 512),
+    "DGX H100, 8 GPUs on NVLink": Node(989e12, 3.35e12, 450e9, 5e-6, 14, 2048),
 }
-NODE_RAM_GB = {"Frontier node, 8 MI250X GCDs (the paper's)": 512, "DGX H100, 8 GPUs on NVLink": 2048}
+REUSE = {5.625: "coarse_from", 1.40625: "fine_from"}  # grid: the option taking its rows from an earlier run
 STEPS_PER_YEAR = 1461  # 6-hourly, leap years included
 
 
@@ -327,10 +336,11 @@ def predicted_steps() -> list[dict]:
 
     rows = []
     for grid, tokens in ((5.625, (32 // 4) * (64 // 4)), (1.40625, (128 // 4) * (256 // 4))):
-        for name, (flops, bw, link, alpha, _) in NODES.items():
+        for name, node in NODES.items():
             for tp, batch in ((8, BATCH), (4, BATCH // 2)):
                 w = Workload(80, 512, 16, 16, tokens, 4, batch, out_channels=5)
-                p = predict(w, Hardware(alpha, link, link, 8), 8, 8, "dchag-l", Compute(flops, bw), tp=tp)
+                hw = Hardware(node.latency, node.link, node.link, 8)
+                p = predict(w, hw, 8, 8, "dchag-l", Compute(node.flops, node.hbm), tp=tp)
                 rows.append(
                     {
                         "grid": grid,
@@ -340,7 +350,6 @@ def predicted_steps() -> list[dict]:
                         "channels_per_rank": math.ceil(80 / tp),
                         "step_s": p.step_s,
                         "needed_samples_per_s": batch / p.step_s,
-                        "cores_per_gpu": NODES[name][4],
                     }
                 )
     return rows
@@ -396,8 +405,8 @@ def main() -> None:
     work.mkdir(parents=True)
     rows, sizes, reads = [], {}, []
     reused = {}  # grid: the earlier run's meta, for the grid taken from it
-    for grid, earlier_json in ((5.625, args.coarse_from), (1.40625, args.fine_from)):
-        if earlier_json:
+    for grid, key in REUSE.items():
+        if earlier_json := getattr(args, key):
             earlier = json.loads(Path(earlier_json).read_text())
             reused[grid] = earlier["meta"]
             rows += [r for r in earlier["rows"] if r["grid"] == grid]
@@ -417,7 +426,7 @@ def main() -> None:
             "fine_days": args.fine_days,
         }
         for grid, earlier_meta in reused.items():
-            meta["coarse_from" if grid == 5.625 else "fine_from"] = {k: earlier_meta[k] for k in ("command", "total_s")}
+            meta[REUSE[grid]] = {k: earlier_meta[k] for k in ("command", "total_s")}
         doc = {"meta": meta, "rows": rows, "sizes": sizes, "reads": reads, "predicted": predicted_steps()}
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
         return doc
@@ -509,7 +518,7 @@ def report(doc: dict) -> str:
         f"Command: `{meta['command']}`  ",
         *(
             f"{grid} deg rows from an earlier run of the same code: `{meta[key]['command']}`  "
-            for grid, key in ((5.625, "coarse_from"), (1.40625, "fine_from"))
+            for grid, key in REUSE.items()
             if meta.get(key)
         ),
         f"Machine: {meta['machine']}, Python {meta['python']}; total {meta['total_s'] / 60:.0f} min. The machine "
@@ -751,8 +760,7 @@ def read_side(doc: dict) -> list[str]:
                 ps = [p for p in pred if p["grid"] == g and p["node"] == node]
                 need = max(p["needed_samples_per_s"] for p in ps)
                 workers = math.ceil(need / one)
-                cores = ps[0]["cores_per_gpu"]
-                ram = NODE_RAM_GB[node]
+                cores, ram = NODES[node].cores_per_gpu, NODES[node].ram_gb
                 if workers >= cores:
                     verdict = "no: more workers than cores"
                 elif source == "memory" and held > 0.8 * ram:
