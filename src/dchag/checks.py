@@ -1,8 +1,10 @@
 """What can be checked about a training run before any job runs: its data section, its
-process layout, tensor parallelism against the model, the patch against the image, the mask
-ratio, the forecast outputs and leads, the batch against the data. The plan checks every run
-when the Snakefile is read (``dchag.plan.Plan``) and ``dchag train`` checks its run again (a
-run started by hand); torch-free, so planning stays fast."""
+process layout, tensor parallelism against the model, the model's size against the memory it
+implies, the patch against the image, the mask ratio, the forecast outputs and leads, the batch
+against the data, an exported model a run starts from (checked as a whole, without its
+weights' hash). The plan checks every run when the Snakefile is read (``dchag.plan.Plan``) and
+``dchag train`` checks its run again (a run started by hand); torch-free but for a run that
+starts from an exported model folder, so planning stays fast."""
 
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
             f"config key '{key}': model.num_heads {m.num_heads} is not divisible by parallel.tp "
             f"{par.tp} (tensor parallelism splits the heads)"
         )
+    check_model_size(key, r)
     hierarchical = m.aggregation != "baseline"
     if par.strategy == "dchag":
         if par.tp > 1 and not hierarchical:
@@ -131,6 +134,32 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
                 )
 
 
+def block_parameters(dim: int, mlp_ratio: float) -> int:
+    """Parameters of one ViT block (``dchag.model.layers.Block``): two layer norms, the
+    query, key/value and output projections, the MLP."""
+    hidden = int(dim * mlp_ratio)
+    return 2 * 2 * dim + 4 * (dim * dim + dim) + (dim * hidden + hidden) + (hidden * dim + dim)
+
+
+def check_model_size(key: str, r) -> None:
+    """Every process of a node builds the whole one-device model (float32) before it is
+    parallelized: its ViT blocks alone (and an MAE's decoder blocks), times the processes of a
+    node, must fit in train.mem_mb. ``r``: the run's RunSettings."""
+    m, t = r.model, r.train
+    blocks = m.depth * block_parameters(m.embed_dim, m.mlp_ratio)
+    what = f"model.embed_dim {m.embed_dim}, model.depth {m.depth}"
+    if r.task == "mae":
+        blocks += m.decoder.depth * block_parameters(m.decoder.dim, m.mlp_ratio)
+        what += f", model.decoder.dim {m.decoder.dim}, model.decoder.depth {m.decoder.depth}"
+    mb = blocks * 4 / 2**20
+    if mb * t.nproc > t.mem_mb:
+        raise ConfigError(
+            f"config key '{key}': {what} and model.mlp_ratio {m.mlp_ratio} give {blocks:,} parameters in "
+            f"the transformer blocks alone: {mb:,.0f} MB in float32 on each of the {t.nproc} processes of a "
+            f"node, more than train.mem_mb {t.mem_mb}"
+        )
+
+
 FAMILIES = {"forecast": "ERA5 channels", "mae": "hyperspectral bands", "classification": "hyperspectral bands"}
 
 
@@ -191,3 +220,10 @@ def check_init(s: Settings, run: str, runs: dict[str, dict]) -> None:
             f"config key '{key}.init_from': a {src_task} model reads {FAMILIES[src_task]}, this {spec['task']} run "
             f"reads {FAMILIES[spec['task']]}: nothing to match its channels by"
         )
+    if kind == "model":  # the whole folder, as loading checks it before hashing: sizes, header, shapes
+        from .model.file import ArtifactError, check
+
+        try:
+            check(name)
+        except ArtifactError as err:
+            raise ConfigError(f"config key '{key}.init_from': {err}") from None

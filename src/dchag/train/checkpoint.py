@@ -7,7 +7,14 @@ optimizer, the schedule, the trainer's counters, every rank's RNG, a communicati
 dict of them. Loading never runs code: the
 metadata file is unpickled with an allow-list of exact (module, name) pairs — DCP's own
 metadata classes, torch's dtypes and sizes, and nothing else — and byte (non-tensor) entries
-are refused; tensor data is read with ``weights_only=True`` by DCP.
+are refused; tensor data is read with ``weights_only=True`` by DCP. The metadata is believed
+only as far as it is checked: its data files must be bare names inside the checkpoint, and
+its tensors' shapes and dtypes are compared with the model's before anything is allocated.
+
+Every file of a checkpoint has its SHA-256 in the checkpoint's ``checksums.json``, written
+last at save (each rank hashes a share of the files); a load compares the files it reads
+with them first (each file hashed once, by one rank), so bytes damaged in place are found
+before they are loaded (:func:`verify`).
 
 Beside the tensors a checkpoint directory holds its ``fingerprint.json`` (what the run's
 result depends on, see :func:`fingerprint`) and the run's logs up to its step (``log.csv``,
@@ -23,6 +30,7 @@ import datetime as _dt
 import io
 import json
 import logging
+import os
 import pickle
 import re
 import shutil
@@ -39,6 +47,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from ..errors import DchagError
+from ..model.file import _sha256
 from ..parallel import names as keys
 
 log = logging.getLogger(__name__)
@@ -46,6 +55,10 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(DchagError, ValueError):
     """A checkpoint is incomplete, unsafe, or made for another model or layout."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint's file differs from the checksum written when it was saved."""
 
 
 # -- reading metadata without running code ------------------------------------------------------
@@ -118,6 +131,13 @@ class SafeReader(FileSystemReader):
 
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{self.path}: the checkpoint metadata is a {type(metadata).__name__}, not DCP's")
+        for index, info in (getattr(metadata, "storage_data", None) or {}).items():
+            rel = getattr(info, "relative_path", None)
+            if not isinstance(rel, str) or rel in ("", ".", "..") or "/" in rel or "\\" in rel:
+                raise CheckpointError(
+                    f"{self.path}: the checkpoint metadata puts {getattr(index, 'fqn', index)} in {rel!r}; "
+                    "expected the bare name of a file inside the checkpoint"
+                )
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -137,8 +157,17 @@ def read_metadata(directory: str | Path):
 
 
 def saved_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
+    return {k: shape for k, (shape, _) in saved_tensors(directory).items()}
+
+
+def saved_tensors(directory: str | Path) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+    """Each tensor entry's shape and dtype, as the metadata states them (nothing allocated)."""
     meta = read_metadata(directory)
-    return {k: tuple(v.size) for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
+    return {
+        k: (tuple(v.size), getattr(getattr(v, "properties", None), "dtype", None))
+        for k, v in meta.state_dict_metadata.items()
+        if hasattr(v, "size")
+    }
 
 
 def check_intact(directory: str | Path) -> None:
@@ -156,6 +185,93 @@ def check_intact(directory: str | Path) -> None:
             raise CheckpointError(f"{directory}: data file {rel} is missing")
         if path.stat().st_size < size:
             raise CheckpointError(f"{directory}: data file {rel} is truncated ({path.stat().st_size} of {size} bytes)")
+
+
+# -- checksums ------------------------------------------------------------------------------------
+CHECKSUMS = "checksums.json"  # {"sha256": {file: [size, hex digest]}} of every other file
+
+
+def _digests(directory: Path, names: list[str]) -> dict[str, list]:
+    """[size, SHA-256] of each of ``names`` (None: unreadable), each file hashed by one rank;
+    every rank gets them all."""
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    mine = {}
+    for name in sorted(names)[rank::world]:
+        try:
+            mine[name] = [(directory / name).stat().st_size, _sha256(directory / name)]
+        except OSError:
+            mine[name] = None
+    if world > 1:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, mine)
+        mine = {k: v for part in gathered for k, v in part.items()}
+    return mine
+
+
+def _write_checksums(directory: Path, sums: dict[str, list]) -> None:
+    """``sums`` (and those of the files rank 0 added since) as the checkpoint's CHECKSUMS,
+    written atomically."""
+    added = [p.name for p in directory.iterdir() if p.is_file() and p.name not in sums and p.name != CHECKSUMS]
+    sums = {**sums, **{n: [(directory / n).stat().st_size, _sha256(directory / n)] for n in added}}
+    unreadable = sorted(n for n, v in sums.items() if v is None)
+    if unreadable:
+        raise OSError(f"cannot read back {', '.join(unreadable)}")
+    tmp = directory / f".{CHECKSUMS}.tmp"
+    tmp.write_text(json.dumps({"sha256": dict(sorted(sums.items()))}, indent=1))
+    os.replace(tmp, directory / CHECKSUMS)
+
+
+def _read_checksums(directory: Path) -> dict[str, tuple[int, str]] | None:
+    path = directory / CHECKSUMS
+    if not path.exists():
+        return None
+    out = _read_json(path)
+    sums = out.get("sha256") if out is not None else None
+    if not isinstance(sums, dict) or not all(
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str) for v in sums.values()
+    ):
+        raise DamagedCheckpointError(f"{path} is not a readable list of checksums")
+    return {k: (v[0], v[1]) for k, v in sums.items()}
+
+
+def verify(directory: str | Path, keys_read: set[str] | None = None) -> None:
+    """Raise DamagedCheckpointError unless the files a load reads (the metadata and the data
+    files holding ``keys_read``; None: every file) are those written at save: the sizes, then
+    the SHA-256 in CHECKSUMS, each file hashed once, by one of the ranks (every rank calls
+    it and gets the same answer). A checkpoint of an older dchag (no CHECKSUMS) is checked
+    for sizes only (:func:`check_intact`)."""
+    directory = Path(directory)
+    listed = _read_checksums(directory)
+    if listed is None:
+        log.info(f"{directory} has no {CHECKSUMS} (written by an older dchag): its bytes cannot be verified")
+        return
+
+    def compare(names: list[str]) -> None:
+        for name in names:
+            if name not in listed:
+                raise DamagedCheckpointError(f"{directory}: {name} is not among the files of its {CHECKSUMS}")
+            path = directory / name
+            size = path.stat().st_size if path.is_file() else None
+            if size != listed[name][0]:
+                raise DamagedCheckpointError(
+                    f"{directory}: {name} is {'missing' if size is None else f'{size} bytes'}, "
+                    f"{listed[name][0]} when it was saved"
+                )
+        sums = _digests(directory, names)
+        bad = sorted(n for n in names if sums[n] is None or sums[n][1] != listed[n][1])
+        if bad:
+            raise DamagedCheckpointError(
+                f"{directory}: {', '.join(bad)} differ{'s' if len(bad) == 1 else ''} from the SHA-256 "
+                "written when it was saved (damaged in place)"
+            )
+
+    compare([".metadata"])
+    meta = read_metadata(directory)
+    files = {str(i.relative_path) for i in (meta.storage_data or {}).values()}
+    if keys_read is None:
+        compare(sorted((set(listed) | files) - {".metadata"}))
+    else:
+        compare(sorted({str(i.relative_path) for k, i in meta.storage_data.items() if k.fqn in keys_read}))
 
 
 def flatten(parts: dict[str, object]) -> dict[str, torch.Tensor]:
@@ -198,6 +314,7 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[st
             f"cannot write checkpoint {directory}: {causes[0].strerror or causes[0]} (disk full or read-only?)"
         ) from err
     _barrier()
+    sums = _digests(tmp, [p.name for p in tmp.iterdir() if p.is_file()])
     if _rank0():
         try:
             for name, content in (files or {}).items():
@@ -206,6 +323,7 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[st
                         shutil.copyfile(content, tmp / name)
                 else:
                     (tmp / name).write_text(content)
+            _write_checksums(tmp, sums)
             shutil.rmtree(directory, ignore_errors=True)
             tmp.rename(directory)
         except OSError as err:
@@ -217,9 +335,9 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[st
 
 def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
     """Raise CheckpointError listing keys missing from the checkpoint, unexpected in it, or of
-    another shape, before anything is loaded."""
-    saved = saved_shapes(directory)
-    wanted = {k: tuple(v.shape) for k, v in tensors.items() if not k.startswith("rng.")}
+    another shape or dtype, before anything is loaded."""
+    saved = saved_tensors(directory)
+    wanted = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items() if not k.startswith("rng.")}
     everyone = set(wanted)  # D-CHAG ranks hold different keys: "unexpected" is against all of them
     if dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list = [None] * dist.get_world_size()
@@ -237,12 +355,22 @@ def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) ->
         if unexpected:
             parts.append("not in this model: " + ", ".join(unexpected[:12]) + (" …" if len(unexpected) > 12 else ""))
         if shapes:
-            parts.append("other shape: " + ", ".join(f"{k} {saved[k]} vs {wanted[k]}" for k in shapes[:12]))
+            parts.append(
+                "other shape or dtype: "
+                + ", ".join(f"{k} {_shown(saved[k])} vs {_shown(wanted[k])}" for k in shapes[:12])
+            )
         raise CheckpointError(f"checkpoint {directory} was made for another model or layout; " + "; ".join(parts))
 
 
+def _shown(entry: tuple) -> str:
+    shape, dtype = entry
+    return f"{shape} {str(dtype).removeprefix('torch.')}"
+
+
 def load(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
-    """Load ``directory`` in place into ``tensors`` (every rank)."""
+    """Load ``directory`` in place into ``tensors`` (every rank): its files compared with their
+    checksums, its metadata with the tensors, then the data."""
+    verify(directory)
     check_compatible(tensors, directory)
     dcp.load(tensors, storage_reader=SafeReader(str(directory)), planner=_TensorsOnlyPlanner())
 
@@ -255,12 +383,21 @@ def load_weights(model: nn.Module, directory: str | Path) -> None:
     one-device hierarchical model that D-CHAG parallelizes (groups = TP size) its exact weights.
     """
     directory = Path(directory)
-    saved = {k.removeprefix("model."): v for k, v in saved_shapes(directory).items() if k.startswith("model.")}
+    entries = {k.removeprefix("model."): v for k, v in saved_tensors(directory).items() if k.startswith("model.")}
+    saved = {k: shape for k, (shape, _) in entries.items()}
     plan, problems = keys.consolidation(saved, model)
+    params = {keys.canonical(n): p for n, p in model.named_parameters()}
+    for name, ks in plan.items():  # the metadata against the model, before anything is allocated
+        p = params[name]
+        whole = (sum(saved[k][0] for k in ks), *saved[ks[0]][1:]) if all(saved[k] for k in ks) else saved[ks[0]]
+        if tuple(whole) != tuple(p.shape) or any(saved[k][1:] != saved[ks[0]][1:] for k in ks):
+            problems.append(f"{name} has shape {tuple(whole)} in the checkpoint, {tuple(p.shape)} in the model")
+        elif any(entries[k][1] not in (None, p.dtype) for k in ks):
+            problems.append(f"{name} is {entries[ks[0]][1]} in the checkpoint, {p.dtype} in the model")
     if problems:
         raise CheckpointError(f"checkpoint {directory} does not fit this model: " + "; ".join(problems[:8]))
-    dtypes = {keys.canonical(n): p.dtype for n, p in model.named_parameters()}
-    wanted = {f"model.{k}": torch.empty(saved[k], dtype=dtypes[name]) for name, ks in plan.items() for k in ks}
+    verify(directory, {f"model.{k}" for ks in plan.values() for k in ks})
+    wanted = {f"model.{k}": torch.empty(saved[k], dtype=params[name].dtype) for name, ks in plan.items() for k in ks}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         dcp.load(wanted, storage_reader=SafeReader(str(directory)), planner=_TensorsOnlyPlanner(), no_dist=True)
@@ -498,14 +635,15 @@ class CheckpointManager:
 
     def resume(self, last_step: int) -> Path | None:
         """Load the newest usable checkpoint into the parts; returns it (None: start afresh).
-        A checkpoint whose data cannot be read (damaged bytes that :func:`check_intact`, which
-        compares sizes, cannot see) is moved aside and the previous one loaded."""
+        A checkpoint whose data cannot be read or differs from its checksums (damaged bytes
+        that :func:`check_intact`, which compares sizes, cannot see) is moved aside and the
+        previous one loaded."""
         failed = None
         while (path := self.latest(last_step)) is not None:
             loaded = flatten(self.parts)
             try:
                 load(loaded, path)
-            except CheckpointException as err:  # DCP raises it on every rank
+            except (CheckpointException, DamagedCheckpointError) as err:  # raised on every rank
                 failed = path
                 why = f"damaged: its data cannot be read ({str(err).splitlines()[0][:200]})"
                 if self.rank == 0:
