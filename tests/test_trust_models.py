@@ -343,7 +343,7 @@ def test_dcp_tensor_sizes_are_compared_with_the_model_before_any_allocation(tmp_
     with pytest.raises(ckpt.CheckpointError, match=r"weight is torch.float64 in the checkpoint"):
         ckpt.load_weights(torch.nn.Linear(64, 32), step_4)
     model = torch.nn.Linear(64, 32)
-    with pytest.raises(ckpt.CheckpointError, match=r"other shape or dtype: model.weight \(32, 64\) float64"):
+    with pytest.raises(ckpt.CheckpointError, match=r"other shape or dtype: model.weight float64 vs float32"):
         ckpt.load(ckpt.flatten({"model": model}), step_4)
 
 

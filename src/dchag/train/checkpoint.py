@@ -355,16 +355,15 @@ def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) ->
         if unexpected:
             parts.append("not in this model: " + ", ".join(unexpected[:12]) + (" …" if len(unexpected) > 12 else ""))
         if shapes:
-            parts.append(
-                "other shape or dtype: "
-                + ", ".join(f"{k} {_shown(saved[k])} vs {_shown(wanted[k])}" for k in shapes[:12])
-            )
+            parts.append("other shape or dtype: " + ", ".join(_difference(k, saved[k], wanted[k]) for k in shapes[:12]))
         raise CheckpointError(f"checkpoint {directory} was made for another model or layout; " + "; ".join(parts))
 
 
-def _shown(entry: tuple) -> str:
-    shape, dtype = entry
-    return f"{shape} {str(dtype).removeprefix('torch.')}"
+def _difference(key: str, saved: tuple, wanted: tuple) -> str:
+    """'key <saved> vs <wanted>': the shapes, or where they agree the dtypes."""
+    if saved[0] != wanted[0]:
+        return f"{key} {saved[0]} vs {wanted[0]}"
+    return f"{key} {str(saved[1]).removeprefix('torch.')} vs {str(wanted[1]).removeprefix('torch.')}"
 
 
 def load(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
