@@ -198,7 +198,7 @@ def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
 
     cases = {
         "crafted": (crafted, "not a readable safetensors file"),
-        "swapped": (other_weights, "is not the file"),
+        "swapped": (other_weights, "does not fit the model"),  # found from the header, before the hash
         "foreign": (foreign, "does not describe a dchag model"),
         "empty": (lambda d: (d / "model.json").unlink(), "has no model.json"),
     }

@@ -188,6 +188,16 @@ def test_the_weights_file_is_a_bare_name_inside_the_folder(exported, tmp_path, w
         model_file.load(d)
 
 
+def test_weights_of_the_right_shapes_are_still_compared_with_their_hash(exported, tmp_path):
+    d = _copy(exported[0], tmp_path / "m")
+    data = bytearray((d / "model.safetensors").read_bytes())
+    data[-16:] = bytes(b ^ 0xFF for b in data[-16:])
+    (d / "model.safetensors").write_bytes(bytes(data))
+    model_file.check(d)  # header, size and shapes are right
+    with pytest.raises(ArtifactError, match="is not the file .* describes"):
+        model_file.load(d)
+
+
 def test_a_well_formed_folder_still_loads_and_predicts(exported, tmp_path):
     model = model_file.load(exported[0])
     assert model.config.embed_dim == 16 and model.task == "classification"
