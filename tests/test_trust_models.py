@@ -198,7 +198,7 @@ def test_weights_of_the_right_shapes_are_still_compared_with_their_hash(exported
         model_file.load(d)
 
 
-def test_a_well_formed_folder_still_loads_and_predicts(exported, tmp_path):
+def test_a_well_formed_folder_still_checks_and_loads(exported, tmp_path):
     model = model_file.load(exported[0])
     assert model.config.embed_dim == 16 and model.task == "classification"
     meta, cfg = model_file.check(exported[0])
