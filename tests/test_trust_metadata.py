@@ -1,0 +1,133 @@
+"""Metadata compared before it is believed: the units, times and stores `dchag score` reads,
+the band mapping of a hyperspectral image onto a model's bands, and the normalisation a
+trained run is exported or applied with against the checkpoint's fingerprint."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+from test_evaluate import LAT, LON, _truth
+
+from dchag.cli import main
+from dchag.era5.units import GRAVITY
+
+
+# -- dchag score ---------------------------------------------------------------------------------
+@pytest.fixture
+def scored(tmp_path):
+    """A truth of 40 days (t2m in K, z500 in m**2 s**-2) and a 24 h forecast of its first 30."""
+    times = pd.date_range("2019-01-01", periods=40, freq="D")
+    truth = _truth(times)
+    truth.t2m.attrs["units"] = "K"
+    truth.z500.attrs["units"] = "m**2 s**-2"
+    truth.to_netcdf(tmp_path / "truth.nc")
+    rng = np.random.default_rng(3)
+    noise = xr.DataArray(rng.normal(0, 1, (30, LAT.size, LON.size)), dims=("time", "lat", "lon"))
+    fc = truth.isel(time=slice(1, 31)) + noise
+    fc = fc.assign_coords(time=truth.time.values[:30], prediction_timedelta=np.timedelta64(24, "h"))
+    for v in fc.data_vars:
+        fc[v].attrs = truth[v].attrs
+    fc.to_netcdf(tmp_path / "forecast.nc")
+    return tmp_path, truth
+
+
+def _score(capsys, forecast, truth, output, *extra):
+    code = main(["score", "--forecast", str(forecast), "--truth", str(truth), "--convention", "wb2",
+                 "--metrics", "rmse", *extra, "--output", str(output)])  # fmt: skip
+    return code, capsys.readouterr().err
+
+
+def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scored, capsys):
+    root, truth = scored
+    code, _ = _score(capsys, root / "forecast.nc", root / "truth.nc", root / "ref.csv")
+    assert code == 0
+    ref = pd.read_csv(root / "ref.csv").set_index("variable").value
+    assert 0.9 < ref["t2m"] < 1.1 and 0.9 < ref["z500"] < 1.1  # the forecast's noise
+    # The same truth as a WeatherBench 2 file would hold it, with geopotential height in gpm and
+    # 2 m temperature in degrees Celsius: the same scores (before: RMSE 273 for t2m, thousands for z).
+    other = xr.Dataset(
+        {
+            "geopotential": (
+                ("time", "level", "latitude", "longitude"),
+                (truth.z500.values / GRAVITY)[:, None],
+                {"units": "gpm"},
+            ),  # fmt: skip
+            "2m_temperature": (("time", "latitude", "longitude"), truth.t2m.values - 273.15, {"units": "degC"}),
+        },
+        coords={"time": truth.time.values, "level": [500], "latitude": LAT, "longitude": LON},
+    )
+    other.to_netcdf(root / "wb2.nc")
+    code, err = _score(capsys, root / "forecast.nc", root / "wb2.nc", root / "wb2.csv")
+    assert code == 0, err
+    got = pd.read_csv(root / "wb2.csv").set_index("variable").value
+    assert got["t2m"] == pytest.approx(ref["t2m"], rel=1e-9) and got["z500"] == pytest.approx(ref["z500"], rel=1e-9)
+    # Units that do not convert, or that no one can read: one line naming file, variable and unit.
+    for bad in ("m s**-1", "furlongs"):
+        other["2m_temperature"].attrs["units"] = bad
+        other.to_netcdf(root / "bad.nc")
+        code, err = _score(capsys, root / "forecast.nc", root / "bad.nc", root / "bad.csv")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "bad.nc" in err and "'t2m'" in err and repr(bad) in err and "'K'" in err
+        assert not (root / "bad.csv").exists()
+    # The forecast's units are read the same way (a forecast in Celsius against a truth in K).
+    fc = xr.open_dataset(root / "forecast.nc").load()
+    fc["t2m"] = (fc.t2m - 273.15).assign_attrs(units="degC")
+    fc.to_netcdf(root / "fc_celsius.nc")
+    code, err = _score(capsys, root / "fc_celsius.nc", root / "truth.nc", root / "c.csv")
+    assert code == 0, err
+    assert pd.read_csv(root / "c.csv").set_index("variable").value["t2m"] == pytest.approx(ref["t2m"], rel=1e-6)
+
+
+def test_score_refuses_a_partial_overlap_and_repeated_times(scored, capsys):
+    root, truth = scored
+    truth.isel(time=slice(0, 12)).to_netcdf(root / "short.nc")  # 12 days for forecasts valid on days 2-31
+    code, err = _score(capsys, root / "forecast.nc", root / "short.nc", root / "s.csv")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "short.nc lacks 19 of the 30 valid times" in err and "2019-01-13 00:00:00 .. 2019-01-31 00:00:00" in err
+    assert not (root / "s.csv").exists()
+    # a repeated time, in the truth or in the forecast: one line naming the file and the time
+    truth.isel(time=[0, 1, 2, 3, 3, *range(4, 40)]).to_netcdf(root / "twice.nc")
+    code, err = _score(capsys, root / "forecast.nc", root / "twice.nc", root / "s.csv")
+    assert code == 2 and "twice.nc repeats time(s) 2019-01-04 00:00:00" in err and "Traceback" not in err
+    fc = xr.open_dataset(root / "forecast.nc").load()
+    fc.isel(time=[0, 0, *range(1, 30)]).to_netcdf(root / "fc_twice.nc")
+    code, err = _score(capsys, root / "fc_twice.nc", root / "truth.nc", root / "s.csv")
+    assert code == 2 and "fc_twice.nc repeats time(s) 2019-01-01 00:00:00" in err
+    assert not (root / "s.csv").exists()
+
+
+def test_an_undefined_acc_is_written_nan_and_said(scored, capsys, caplog):
+    root, truth = scored
+    const = truth.copy(deep=True)
+    const["t2m"][:] = 280.0
+    const.to_netcdf(root / "const.nc")
+    fc = xr.open_dataset(root / "forecast.nc").load()
+    fc["t2m"][:] = 281.0
+    fc.to_netcdf(root / "fc_const.nc")
+    code = main(["score", "--forecast", str(root / "fc_const.nc"), "--truth", str(root / "const.nc"),
+                 "--convention", "climax", "--variables", "t2m", "--output", str(root / "c.csv")])  # fmt: skip
+    assert code == 0
+    lines = (root / "c.csv").read_text().splitlines()
+    assert "t2m,24,acc,NaN,climax" in lines and "t2m,24,rmse,1,climax" in lines  # not an empty cell
+    assert "ACC of 't2m' at lead 24 h is undefined and written as NaN" in caplog.text
+    assert np.isnan(pd.read_csv(root / "c.csv").set_index("metric").value["acc"])
+
+
+@pytest.mark.parametrize("damage", ["chunk", "zarr.json"])
+def test_a_damaged_truth_store_is_one_line_naming_it(scored, capsys, damage):
+    root, truth = scored
+    store = root / "truth.zarr"
+    truth.to_zarr(store, zarr_format=3, consolidated=False)
+    if damage == "chunk":
+        chunk = next(p for p in sorted((store / "t2m" / "c").rglob("*")) if p.is_file())
+        os.truncate(chunk, chunk.stat().st_size // 2)
+    else:
+        meta = store / "t2m" / "zarr.json"
+        meta.write_text(meta.read_text()[:60])
+    code, err = _score(capsys, root / "forecast.nc", store, root / "d.csv")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(store) in err, err
+    assert not (root / "d.csv").exists()
