@@ -131,3 +131,59 @@ def test_a_damaged_truth_store_is_one_line_naming_it(scored, capsys, damage):
     code, err = _score(capsys, root / "forecast.nc", store, root / "d.csv")
     assert code == 2 and len(err.strip().splitlines()) == 1 and str(store) in err, err
     assert not (root / "d.csv").exists()
+
+
+# -- hyperspectral band matching -----------------------------------------------------------------
+def test_band_matching_is_one_to_one_within_the_models_spacing_or_fwhm():
+    from dchag.hsi.bands import BandError, match_bands
+
+    model = np.arange(400.0, 500.0, 10.0)  # ten bands, 10 nm apart
+    assert match_bands(model, model[::-1] + 2.0).tolist() == list(range(9, -1, -1))  # shifted 2 nm, any order
+    assert match_bands(model, np.arange(395.0, 505.0, 5.0)).tolist() == list(range(1, 21, 2))  # a finer image
+    # every third band: 400, 430, ...: six of the model's bands have none within 5 nm
+    with pytest.raises(BandError, match=r"coarse.tif: 6 of the model's 10 bands have no image band of their own"):
+        match_bands(model, model[::3], source="coarse.tif")
+    # one image band never serves two model bands, even within both tolerances
+    with pytest.raises(BandError, match="1 of the model's 2 bands"):
+        match_bands(np.array([400.0, 410.0]), np.array([405.0]))
+    # the FWHM where it is known: 3 nm off is too far for a band 4 nm wide
+    with pytest.raises(BandError, match=r"403 nm, tolerance 2 nm"):
+        match_bands(model, model + 3.0, model_fwhm=np.full(10, 4.0))
+    assert match_bands(model, model + 3.0, model_fwhm=np.full(10, np.nan)).tolist() == list(range(10))
+
+
+def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys):
+    import rasterio
+    import scipy.io
+    from test_predict import _hsi_model
+
+    from dchag.hsi import demo
+    from dchag.model import file as model_file
+
+    cube, labels, centres, _ = demo.scene(24, 24, seed=3)
+    scipy.io.savemat(tmp_path / "img.mat", {"indian_pines": cube})
+    scipy.io.savemat(tmp_path / "gt.mat", {"indian_pines_gt": labels})
+    model, _ = _hsi_model(
+        tmp_path,
+        "classification",
+        {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
+        {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
+    )
+    model_file.save(model, tmp_path / "model")
+
+    def geotiff(path, keep):
+        with rasterio.open(path, "w", driver="GTiff", height=24, width=24, count=len(keep), dtype="float32") as dst:
+            dst.write(cube[:, :, keep].transpose(2, 0, 1).astype(np.float32))
+            for b, wl in enumerate(centres[keep], start=1):
+                dst.update_tags(b, wavelength=str(wl), wavelength_units="Nanometers")
+
+    geotiff(tmp_path / "full.tif", np.arange(220))
+    predict = ["predict", "--model", str(tmp_path / "model"), "--image"]
+    assert main([*predict, str(tmp_path / "full.tif"), "--output", str(tmp_path / "full.zarr")]) == 0
+    capsys.readouterr()
+    geotiff(tmp_path / "coarse.tif", np.arange(0, 220, 3))  # every third AVIRIS band: 74 bands
+    code = main([*predict, str(tmp_path / "coarse.tif"), "--output", str(tmp_path / "coarse.zarr")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "coarse.tif: 133 of the model's 200 bands have no image band of their own within tolerance" in err
+    assert not (tmp_path / "coarse.zarr").exists()
