@@ -187,3 +187,76 @@ def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "coarse.tif: 133 of the model's 200 bands have no image band of their own within tolerance" in err
     assert not (tmp_path / "coarse.zarr").exists()
+
+
+# -- export and predict --data against the checkpoint's fingerprint --------------------------------
+def test_export_and_predict_refuse_a_store_other_than_the_checkpoints(tmp_path, capsys):
+    """A classification run's checkpoint (the trainer's DCP writer and fingerprint) on a store
+    the real preprocessing made; the same scene preprocessed with other clipping bounds gives
+    other statistics: export and predict with it are refused, naming the store and the field."""
+    import json
+
+    import scipy.io
+    import torch
+
+    from dchag.config import run_settings, validate
+    from dchag.hsi import demo
+    from dchag.hsi.preprocess import preprocess_from_config
+    from dchag.model import ChannelViT
+    from dchag.train import checkpoint as ckpt
+    from dchag.train.tasks import build_task
+
+    cube, labels, _, _ = demo.scene(24, 24, seed=3)
+    scipy.io.savemat(tmp_path / "img.mat", {"indian_pines": cube})
+    scipy.io.savemat(tmp_path / "gt.mat", {"indian_pines_gt": labels})
+
+    def config(**common):
+        return {
+            "name": "t",
+            "hsi": {
+                "preset": "indian_pines",
+                **common,
+                "classification": {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
+            },  # fmt: skip
+            "model": {
+                "patch_size": 1,
+                "embed_dim": 16,
+                "depth": 1,
+                "num_heads": 2,
+                "aggregation": "linear",
+                "groups": 2,
+            },  # fmt: skip
+            "parallel": {"tp": 1, "data_parallel": "none"},
+            "train": {"runs": {"r": {"task": "classification"}}},
+        }
+
+    raw = config()
+    cfg = validate(raw)
+    trained = preprocess_from_config(cfg, "classification", tmp_path / "trained.zarr")
+    clipped = validate(config(clip_percentiles=[2, 98]))
+    other = preprocess_from_config(clipped, "classification", tmp_path / "other.zarr")
+    settings = run_settings(cfg, "r")
+    task = build_task(settings, {"train": trained, "val": trained})
+    torch.manual_seed(0)
+    net = ChannelViT(task.model_cfg)
+    record = ckpt.fingerprint(settings, task.data_signature())
+    final = ckpt.save({f"model.{k}": v for k, v in net.state_dict().items()}, tmp_path / "run" / "final",
+                      {ckpt.FINGERPRINT: json.dumps(record, sort_keys=True, indent=1)})  # fmt: skip
+    export = ["export", "--config", json.dumps(raw), "--run-name", "r", "--checkpoint", str(final)]
+    assert main([*export, "--data", str(trained), "--output", str(tmp_path / "model")]) == 0
+    meta = json.loads((tmp_path / "model" / "model.json").read_text())
+    assert [float(f"{v:.7g}") for v in meta["normalisation"]["mean"]] == record["data.mean"]
+    capsys.readouterr()
+    # the other store: its statistics would go into model.json beside the fingerprint they contradict
+    code = main([*export, "--data", str(other), "--output", str(tmp_path / "model2")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"store {other} is not the data checkpoint {final} was trained on: its data.mean[0] is" in err
+    assert not (tmp_path / "model2").exists()
+    # predict from the run with --data: the same refusal before anything is read or written
+    scipy.io.savemat(tmp_path / "new.mat", {"indian_pines": cube})
+    code = main(["predict", *export[1:], "--data", str(other), "--image", str(tmp_path / "new.mat"),
+                 "--output", str(tmp_path / "map.zarr")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "is not the data checkpoint" in err and str(other) in err
+    assert not (tmp_path / "map.zarr").exists()
