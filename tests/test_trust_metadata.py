@@ -73,6 +73,13 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "bad.nc" in err and "'t2m'" in err and repr(bad) in err and "'K'" in err
         assert not (root / "bad.csv").exists()
+    # A variable outside the catalogue is compared, not converted: other units on each side are refused.
+    extra = truth.assign(sst_anomaly=truth.t2m.assign_attrs(units="K"))
+    extra.to_netcdf(root / "extra_truth.nc")
+    fc = xr.open_dataset(root / "forecast.nc").load()
+    fc.assign(sst_anomaly=(fc.t2m - 273.15).assign_attrs(units="degC")).to_netcdf(root / "extra_fc.nc")
+    code, err = _score(capsys, root / "extra_fc.nc", root / "extra_truth.nc", root / "e.csv")
+    assert code == 2 and "'sst_anomaly' is in 'degC' in the forecast" in err and "extra_truth.nc" in err, err
     # The forecast's units are read the same way (a forecast in Celsius against a truth in K).
     fc = xr.open_dataset(root / "forecast.nc").load()
     fc["t2m"] = (fc.t2m - 273.15).assign_attrs(units="degC")
