@@ -105,7 +105,10 @@ def _check_other_units(wanted: list[str], fds, tds, forecast: str, truth: str) -
         if CATALOG.get(wb2.split_channel(var)[0]) is not None:
             continue
         fu, tu = fds[var].attrs.get("units"), tds[var].attrs.get("units")
-        if fu is not None and tu is not None and era5_units.reduce(str(fu)) != era5_units.reduce(str(tu)):
+        if fu is None or tu is None:
+            continue
+        a, b = era5_units.reduce(str(fu)), era5_units.reduce(str(tu))
+        if (a != b) if a is not None and b is not None else str(fu).strip() != str(tu).strip():
             raise ScoreError(
                 f"variable {var!r} is in {fu!r} in the forecast {forecast} but in {tu!r} in the truth {truth}: "
                 "convert one of them"
@@ -169,7 +172,7 @@ def _check_grids(forecast: xr.Dataset, truth: xr.Dataset, fpath: str, tpath: str
     for name, da in forecast.data_vars.items():
         if "lat" in da.dims and "lon" in da.dims:
             lead = [d for d in da.dims if d not in ("lat", "lon")]
-            values = weights.apply(da.transpose(*lead, "lat", "lon").values)
+            values = weights.apply(_values(da.transpose(*lead, "lat", "lon"), fpath, "forecast", str(name)))
             out[name] = xr.DataArray(
                 values, dims=(*lead, "lat", "lon"), coords={d: da[d] for d in lead if d in da.coords}
             )
