@@ -267,3 +267,38 @@ def test_export_and_predict_refuse_a_store_other_than_the_checkpoints(tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and "is not the data checkpoint" in err and str(other) in err
     assert not (tmp_path / "map.zarr").exists()
+
+
+def test_a_forecast_store_is_compared_by_channels_grid_and_statistics(data_root, tmp_path):
+    """The fingerprint a forecast run's checkpoint holds, against the stores the real
+    preprocessing made: the run's other split (other times, the training statistics) passes;
+    a checkpoint trained on other channels, another grid or other statistics is refused."""
+    import json
+
+    from test_train import run_config
+
+    from dchag.config import run_settings
+    from dchag.train import checkpoint as ckpt
+    from dchag.train.tasks import build_task
+
+    root, cfg = data_root
+    settings = run_settings(run_config(cfg, steps=1, runs={"f": {"task": "forecast"}}), "f")
+    train, val = root / "era5" / "train.zarr", root / "era5" / "val.zarr"
+    record = ckpt.fingerprint(settings, build_task(settings, {"train": train, "val": val}).data_signature())
+
+    def check(store, **changed):
+        final = tmp_path / "final"
+        final.mkdir(exist_ok=True)
+        (final / ckpt.FINGERPRINT).write_text(json.dumps({**record, **changed}))
+        ckpt.check_data(build_task(settings, {"train": store, "val": store}), final, store)
+
+    check(train)
+    check(val)  # another period of the same data: the same channels, grid and statistics
+    channels = record["data.channels"]
+    with pytest.raises(ckpt.CheckpointError, match=rf"store {val} is not the data .* its data.channels\[0\] is"):
+        check(val, **{"data.channels": [channels[1], channels[0], *channels[2:]]})
+    shape = record["data.shape"]
+    with pytest.raises(ckpt.CheckpointError, match=r"its data.shape\[2\] is 32, the checkpoint's fingerprint has 96"):
+        check(val, **{"data.shape": [*shape[:2], 96, shape[3]]})
+    with pytest.raises(ckpt.CheckpointError, match=r"its data.std\[3\] is"):
+        check(val, **{"data.std": [*record["data.std"][:3], 1.0, *record["data.std"][4:]]})

@@ -396,8 +396,9 @@ def check_data(task, checkpoint: str | Path, store: str | Path) -> None:
         raise CheckpointError(f"{path} is not readable JSON")
     here = task.data_signature()
     pairs = [(f"data.{k}", here.get(k), record[f"data.{k}"]) for k in MODEL_DATA if f"data.{k}" in record]
-    if "data.shape" in record and "shape" in here:
-        pairs.append(("data.shape (less its first axis)", here["shape"][1:], list(record["data.shape"])[1:]))
+    if "data.shape" in record and "shape" in here:  # its first axis (time steps, samples) not compared
+        trained = list(record["data.shape"])
+        pairs.append(("data.shape", trained[:1] + list(here["shape"])[1:], trained))
     for field, mine, trained in pairs:
         if mine == trained:
             continue
