@@ -118,6 +118,7 @@ def test_an_undefined_acc_is_written_nan_and_said(scored, capsys, caplog):
     code = main(["score", "--forecast", str(root / "fc_const.nc"), "--truth", str(root / "const.nc"),
                  "--convention", "climax", "--variables", "t2m", "--output", str(root / "c.csv")])  # fmt: skip
     assert code == 0
+    assert "acc" in capsys.readouterr().out  # the printed table keeps the column
     lines = (root / "c.csv").read_text().splitlines()
     assert "t2m,24,acc,NaN,climax" in lines and "t2m,24,rmse,1,climax" in lines  # not an empty cell
     assert "ACC of 't2m' at lead 24 h is undefined and written as NaN" in caplog.text
