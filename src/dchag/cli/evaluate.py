@@ -49,7 +49,8 @@ def cmd_score(args) -> None:
         args.regrid,
     )
     write_csv(df, args.output)
-    print(df.pivot_table(index=["variable", "lead_time_hours"], columns="metric", values="value").to_string())
+    table = df.pivot_table(index=["variable", "lead_time_hours"], columns="metric", values="value", dropna=False)
+    print(table.to_string())  # an undefined ACC shows as NaN, as in the CSV
 
 
 def cmd_compare_scores(args) -> None:

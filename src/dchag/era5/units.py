@@ -109,16 +109,19 @@ def reduce(units: str) -> tuple[dict[str, int], float, float] | None:
     return {b: p for b, p in powers.items() if p}, factor, 0.0
 
 
-def conversion(found: str, expected: str, variable: str, where: str) -> Conversion:
+DECLARE = "declare the file's units with era5.units if its attribute is wrong"
+
+
+def conversion(found: str, expected: str, variable: str, where: str, hint: str = DECLARE) -> Conversion:
     """The linear map from ``found`` units to the catalogue's ``expected`` ones for ``variable``
-    (a catalogue long name); UnitsError naming ``where`` (file and variable) when there is none."""
+    (a catalogue long name); UnitsError naming ``where`` (file and variable) when there is none,
+    ending with ``hint`` (what the user can do about it)."""
     want = reduce(expected)
     got = reduce(found)
     assert want is not None, expected  # the catalogue's own units always parse
     if got is None:
         raise UnitsError(
-            f"{where}: units {found!r} are not ones dchag can read; expected {expected!r} for {variable} "
-            "(declare the file's units with era5.units if its attribute is wrong)"
+            f"{where}: units {found!r} are not ones dchag can read; expected {expected!r} for {variable} ({hint})"
         )
     (wp, wf, wo), (gp, gf, go) = want, got
     if gp == wp:
@@ -127,7 +130,4 @@ def conversion(found: str, expected: str, variable: str, where: str) -> Conversi
         return Conversion(gf * GRAVITY / wf, 0.0, f"geopotential height {found} -> {expected} (x {GRAVITY})")
     if variable == "total_precipitation" and gp == {"kg": 1, "m": -2} and wp == {"m": 1}:
         return Conversion(gf / 1000.0 / wf, 0.0, f"{found} of water -> {expected} (/ 1000 kg m**-3)")
-    raise UnitsError(
-        f"{where}: units {found!r} do not convert to {expected!r}, the units of {variable} "
-        "(declare the file's units with era5.units if its attribute is wrong)"
-    )
+    raise UnitsError(f"{where}: units {found!r} do not convert to {expected!r}, the units of {variable} ({hint})")

@@ -8,19 +8,42 @@ alike: every variable is named by its dchag channel (:mod:`dchag.evaluate.wb2`).
 matched by name; lat/latitude and lon/longitude are accepted in either order of latitude. The
 metrics are the convention's table (:data:`dchag.evaluate.weather.SCORING`). The result is a
 long table: variable, lead_time_hours, metric, value, convention.
+
+Nothing in the files is believed before it is compared:
+
+* units: a variable of the ERA5 catalogue whose ``units`` attribute says otherwise is converted
+  to the catalogue's units with the conversions preprocessing uses (:mod:`dchag.era5.units`:
+  gpm -> m**2 s**-2, degC -> K, hPa -> Pa, ...), and units that do not convert are an error
+  naming file, variable and unit (a variable without the attribute is taken to be in the
+  catalogue's units); a variable outside the catalogue must carry the same units in forecast
+  and truth;
+* times: a repeated time in either file is an error, and so is a forecast valid time the truth
+  lacks (a partial overlap names the missing range; score fewer leads with --lead-hours or give
+  a truth that covers them);
+* grids: forecast, truth and climatology on one grid (or --regrid);
+* an ACC that is undefined (an anomaly without variance: a constant field, or a forecast equal
+  to the climatology) is NaN, as WeatherBench 2 gives it: a warning names the variable and lead,
+  and the CSV says ``NaN``;
+* a damaged store (a truncated chunk or ``zarr.json``) is an error naming it.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from ..era5 import units as era5_units
+from ..era5.variables import CATALOG
+from ..errors import DchagError
 from ..grids import GridError, grid_of, lat_lon_names
 from ..store import InputError, atomic_path, open_any
 from . import wb2, weather
+
+log = logging.getLogger(__name__)
 
 LEAD_NAMES = ("prediction_timedelta", "lead_time")
 COLUMNS = ["variable", "lead_time_hours", "metric", "value", "convention"]
@@ -40,13 +63,80 @@ def _lead_hours(coord: xr.DataArray) -> np.ndarray:
 
 def open_fields(path: str, what: str) -> xr.Dataset:
     """Open ``path`` with one variable per dchag channel (a WeatherBench 2 file's levels split),
-    latitude/longitude renamed to lat/lon and latitude ascending."""
+    latitude/longitude renamed to lat/lon and latitude ascending, and the ERA5 catalogue's
+    variables in its units (:func:`catalogue_units`)."""
     ds = wb2.channels(open_any(str(path), what, normalise_names=False))
     lat, lon = lat_lon_names(ds, str(path))
     ds = ds.rename({k: v for k, v in ((lat, "lat"), (lon, "lon")) if k != v})
     if ds.lat.size > 1 and ds.lat.values[0] > ds.lat.values[-1]:
         ds = ds.isel(lat=slice(None, None, -1))
-    return ds
+    return catalogue_units(ds, str(path), what)
+
+
+def catalogue_units(ds: xr.Dataset, path: str, what: str) -> xr.Dataset:
+    """Every variable of the ERA5 catalogue whose ``units`` attribute differs from the
+    catalogue's converted to them (lazily, a time step at a time), with the conversions
+    preprocessing uses; units that do not convert are a UnitsError naming file, variable and
+    unit. A variable without the attribute, or outside the catalogue, is left as it is."""
+    out = {}
+    for name, da in ds.data_vars.items():
+        var = CATALOG.get(wb2.split_channel(str(name))[0])
+        found = da.attrs.get("units")
+        if var is None or found is None:
+            continue
+        conv = era5_units.conversion(
+            str(found),
+            var.units,
+            var.long_name,
+            f"{what} {path}: variable {name!r}",
+            hint="correct the file's units attribute",
+        )
+        if not conv.identity:
+            log.info("%s %s: %s: %s", what, path, name, conv.note)
+            lazy = da.chunk({"time": 1} if "time" in da.dims else {})
+            converted = lazy.astype(np.float64) * conv.scale + conv.offset
+            out[name] = converted.assign_attrs({**da.attrs, "units": var.units})
+    return ds.assign(out) if out else ds
+
+
+def _check_other_units(wanted: list[str], fds, tds, forecast: str, truth: str) -> None:
+    """A variable the catalogue does not know must carry the same units in both files."""
+    for var in wanted:
+        if CATALOG.get(wb2.split_channel(var)[0]) is not None:
+            continue
+        fu, tu = fds[var].attrs.get("units"), tds[var].attrs.get("units")
+        if fu is None or tu is None:
+            continue
+        a, b = era5_units.reduce(str(fu)), era5_units.reduce(str(tu))
+        if (a != b) if a is not None and b is not None else str(fu).strip() != str(tu).strip():
+            raise ScoreError(
+                f"variable {var!r} is in {fu!r} in the forecast {forecast} but in {tu!r} in the truth {truth}: "
+                "convert one of them"
+            )
+
+
+def _check_times(ds: xr.Dataset, path: str, what: str) -> None:
+    times = pd.Index(ds.time.values)
+    if not times.is_unique:
+        repeated = times[times.duplicated()].unique()
+        raise ScoreError(
+            f"{what} {path} repeats time(s) {', '.join(str(t) for t in repeated[:5])}"
+            f"{' …' if len(repeated) > 5 else ''}: each time must be there once"
+        )
+
+
+def _values(da: xr.DataArray, path: str, what: str, var: str) -> np.ndarray:
+    """The values of ``da`` read from ``path``; a damaged file (a truncated Zarr chunk) is a
+    ScoreError naming it."""
+    try:
+        return np.asarray(da.values)
+    except DchagError:
+        raise
+    except Exception as err:  # zarr, numcodecs, netCDF4 and h5py raise many types for damaged data
+        raise ScoreError(
+            f"cannot read {var!r} from the {what} {path}: {type(err).__name__}: {err} "
+            "(a damaged or truncated file or Zarr chunk?)"
+        ) from err
 
 
 def _forecast_leads(ds: xr.Dataset, path: str, lead_hours: list[float] | None) -> tuple[str | None, np.ndarray]:
@@ -82,7 +172,7 @@ def _check_grids(forecast: xr.Dataset, truth: xr.Dataset, fpath: str, tpath: str
     for name, da in forecast.data_vars.items():
         if "lat" in da.dims and "lon" in da.dims:
             lead = [d for d in da.dims if d not in ("lat", "lon")]
-            values = weights.apply(da.transpose(*lead, "lat", "lon").values)
+            values = weights.apply(_values(da.transpose(*lead, "lat", "lon"), fpath, "forecast", str(name)))
             out[name] = xr.DataArray(
                 values, dims=(*lead, "lat", "lon"), coords={d: da[d] for d in lead if d in da.coords}
             )
@@ -105,7 +195,7 @@ def _climatology_at(clim: xr.DataArray, valid: pd.DatetimeIndex, path: str, var:
             f"climatology {path} ({var}) lacks day(s) of year {missing[:10]} needed for the scored valid times"
         )
     try:
-        values = clim.sel(sel).transpose("time", "lat", "lon").values
+        values = _values(clim.sel(sel).transpose("time", "lat", "lon"), path, "climatology", var)
     except KeyError as err:
         raise ScoreError(
             f"climatology {path} ({var}) lacks an hour of day needed for the scored valid times: {err}"
@@ -155,24 +245,30 @@ def score_files(
     fvars = sorted(v for v in fds.data_vars if {"time", "lat", "lon"} <= set(fds[v].dims))  # store order is arbitrary
     wanted = list(variables or fvars)
     _check_variables(wanted, fds, tds, cds, forecast, truth, climatology, needs_clim)
+    _check_other_units(wanted, fds, tds, forecast, truth)
     leads_idx = _chosen_leads(leads, lead_hours, forecast)
     init = pd.DatetimeIndex(fds.time.values)
     truth_times = pd.DatetimeIndex(tds.time.values)
     w = conv.weights(tds.lat.values)
-    # Which forecasts have a truth at their valid time, per lead.
-    matches = {}
+    # Every forecast's valid time, per lead, must be in the truth: a partial overlap is not scored.
+    valids = {}
     for i in leads_idx:
         valid = init + pd.Timedelta(hours=float(leads[i]))
-        ok = valid.isin(truth_times)
-        matches[i] = (np.flatnonzero(ok), valid[ok])
-    empty = [float(leads[i]) for i, (idx, _) in matches.items() if idx.size == 0]
-    if empty:
-        raise ScoreError(
-            f"no overlapping valid times for lead(s) {empty} h: "
-            f"forecast {forecast} initialised {init.min()} .. {init.max()}, "
-            f"truth {truth} covers {truth_times.min()} .. {truth_times.max()}"
-        )
-    scored_valid = pd.DatetimeIndex(np.unique(np.concatenate([v.values for _, v in matches.values()])))
+        lacking = valid[~valid.isin(truth_times)]
+        if lacking.size == valid.size:
+            raise ScoreError(
+                f"no overlapping valid times for lead {float(leads[i])} h: "
+                f"forecast {forecast} initialised {init.min()} .. {init.max()}, "
+                f"truth {truth} covers {truth_times.min()} .. {truth_times.max()}"
+            )
+        if lacking.size:
+            raise ScoreError(
+                f"truth {truth} lacks {lacking.size} of the {valid.size} valid times of forecast {forecast} at lead "
+                f"{leads[i]:g} h: {lacking.min()} .. {lacking.max()} (the truth covers {truth_times.min()} .. "
+                f"{truth_times.max()}); give a truth that covers them, or score fewer leads with --lead-hours"
+            )
+        valids[i] = valid
+    scored_valid = pd.DatetimeIndex(np.unique(np.concatenate([v.values for v in valids.values()])))
 
     rows = []
     for var in wanted:
@@ -181,11 +277,16 @@ def score_files(
         period_mean = None
         if needs_clim and conv.climatology == "period_mean" and cds is None:
             # ClimaX: the time mean of the truth over the scored period.
-            period_mean = tvar.sel(time=scored_valid).mean("time").values.astype(np.float64)
+            period_mean = _values(tvar.sel(time=scored_valid), truth, "truth", var).astype(np.float64).mean(0)
         for i in leads_idx:
-            idx, valid = matches[i]
-            f = (fvar.isel({lead_dim: i}) if lead_dim else fvar).isel(time=idx).transpose("time", "lat", "lon").values
-            t = tvar.sel(time=valid).values
+            valid = valids[i]
+            f = _values(
+                (fvar.isel({lead_dim: i}) if lead_dim else fvar).transpose("time", "lat", "lon"),
+                forecast,
+                "forecast",
+                var,
+            )
+            t = _values(tvar.sel(time=valid), truth, "truth", var)
             for name, arr, path in (("forecast", f, forecast), ("truth", t, truth)):
                 if not np.isfinite(arr).all():
                     raise ScoreError(
@@ -197,12 +298,22 @@ def score_files(
                 clim = _climatology_at(cds[var], valid, climatology, var) if cds is not None else period_mean
             fields = weather.Fields(f, t, w, clim, batch_size)
             for metric in chosen:
+                value = metric(fields)
+                if np.isnan(value):  # only an ACC can be: the inputs are finite
+                    log.warning(
+                        "%s of %r at lead %g h is undefined and written as NaN (as WeatherBench 2 gives it): the "
+                        "forecast's or the truth's anomaly has no variance (a constant field, or a forecast equal to "
+                        "the climatology)",
+                        metric.name.upper(),
+                        var,
+                        leads[i],
+                    )
                 rows.append(
                     {
                         "variable": var,
                         "lead_time_hours": float(leads[i]),
                         "metric": metric.name,
-                        "value": metric(fields),
+                        "value": value,
                         "convention": conv.name,
                     }
                 )
@@ -216,6 +327,7 @@ def _open_all(forecast: str, truth: str, climatology: str | None, regrid: str | 
     for name, ds, path in (("forecast", fds, forecast), ("truth", tds, truth)):
         if "time" not in ds.dims:
             raise ScoreError(f"{name} {path} has no time dimension (dims: {dict(ds.sizes)})")
+        _check_times(ds, path, name)
     return fds, tds, cds
 
 
@@ -252,5 +364,5 @@ def _chosen_leads(leads: np.ndarray, lead_hours: list[float] | None, forecast: s
 
 def write_csv(df: pd.DataFrame, output: str | Path) -> Path:
     with atomic_path(output) as tmp:
-        df.to_csv(tmp, index=False, float_format="%.10g")
+        df.to_csv(tmp, index=False, float_format="%.10g", na_rep="NaN")  # an undefined score says so
     return Path(output)

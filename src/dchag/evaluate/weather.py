@@ -111,7 +111,8 @@ def acc_climax(
         f = fa[start : start + size]
         t = ta[start : start + size]
         f, t = f - f.mean(), t - t.mean()
-        values.append(np.sum(w * f * t) / np.sqrt(np.sum(w * f**2) * np.sum(w * t**2)))
+        with np.errstate(invalid="ignore", divide="ignore"):  # no variance: NaN, as acc_wb2
+            values.append(np.sum(w * f * t) / np.sqrt(np.sum(w * f**2) * np.sum(w * t**2)))
         counts.append(f.shape[0])
     return float(np.average(values, weights=counts))
 

@@ -201,3 +201,41 @@ def select_bands(
     else:
         wl, wl_source = None, ""
     return BandSelection(indices, sensor[indices], wl, "; ".join(how) or "all bands", wl_source)
+
+
+def match_bands(
+    model_centres: np.ndarray, image_centres: np.ndarray, model_fwhm: np.ndarray | None = None, source: str = "image"
+) -> np.ndarray:
+    """The image band (0-based) that serves each of a model's bands, matched by centre
+    wavelength (nm): one image band per model band and never one for two, each within half the
+    model band's FWHM where it is known, else within half the model's band spacing (its median
+    step), so that an image sampled more coarsely than the model is not taken for it. Closest
+    pairs are matched first. BandError naming ``source`` when any model band has no image band
+    within its tolerance."""
+    want = np.asarray(model_centres, np.float64)
+    have = np.asarray(image_centres, np.float64)
+    steps = np.diff(np.sort(want))
+    spacing = float(np.median(steps)) if steps.size else np.inf
+    tol = np.full(want.size, spacing / 2)
+    if model_fwhm is not None:
+        fwhm = np.asarray(model_fwhm, np.float64)
+        tol = np.where(np.isfinite(fwhm) & (fwhm > 0), fwhm / 2, tol)
+    dist = np.abs(want[:, None] - have[None, :])
+    m, i = np.nonzero(dist <= tol[:, None])
+    order = np.argsort(dist[m, i], kind="stable")
+    out = np.full(want.size, -1, np.int64)
+    used = np.zeros(have.size, bool)
+    for k in order:
+        if out[m[k]] < 0 and not used[i[k]]:
+            out[m[k]], used[i[k]] = i[k], True
+    lost = np.flatnonzero(out < 0)
+    if lost.size:
+        j = lost[0]
+        nearest = have[np.abs(have - want[j]).argmin()] if have.size else np.nan
+        raise BandError(
+            f"{source}: {lost.size} of the model's {want.size} bands have no image band of their own within "
+            f"tolerance (half the model band's FWHM, or half its band spacing {spacing:g} nm), e.g. "
+            f"{want[j]:g} nm (nearest image band {nearest:g} nm, tolerance {tol[j]:g} nm); the image has "
+            f"{have.size} bands (sampled more coarsely, or by another sensor, it does not hold the model's bands)"
+        )
+    return out

@@ -111,6 +111,7 @@ def from_run(config: dict, run: str, checkpoint: str | Path, store: str | Path) 
     cfg = run_settings(config, run)
     store = Path(store)
     task = build_task(cfg, {"train": store, "val": store})
+    ckpt.check_data(task, checkpoint, store)  # the store's statistics are what the model file will hold
     network = ChannelViT(task.model_cfg)
     ckpt.load_weights(network, checkpoint)
     fp = Path(checkpoint) / ckpt.FINGERPRINT

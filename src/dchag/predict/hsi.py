@@ -9,9 +9,10 @@
   data's units) and ``masked(y, x)``, the scores of the masked pixels and of the whole
   (``dchag.evaluate.recon``) in its attributes; a PNG.
 
-Bands: the model's bands are found in the new image by their centres (nearest band within
-half the image's band spacing) when both have wavelengths, else by their positions in the
-file (the same product as the training images).
+Bands: the model's bands are found in the new image by their centres when both have
+wavelengths, one image band for each model band, within half the model band's FWHM (else half
+the model's band spacing) (:func:`dchag.hsi.bands.match_bands`), else by their positions in
+the file (the same product as the training images).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import provenance
+from ..hsi.bands import match_bands
 from ..model import random_masking
 from ..model.file import Model
 from ..store import atomic_path, write_zarr
@@ -38,17 +40,8 @@ def _band_indices(model: Model, img) -> np.ndarray:
     bands = model.meta["bands"]
     centres = np.asarray([np.nan if v is None else v for v in bands["wavelength"]], np.float64)
     if img.wavelengths is not None and np.isfinite(centres).all():
-        have = np.asarray(img.wavelengths, np.float64)
-        spacing = np.median(np.abs(np.diff(np.sort(have)))) if have.size > 1 else 1.0
-        idx = np.abs(have[None, :] - centres[:, None]).argmin(axis=1)
-        off = np.abs(have[idx] - centres)
-        far = np.flatnonzero(off > spacing / 2)
-        if far.size:
-            raise PredictError(
-                f"{img.path}: no band near the model's {centres[far[0]]:g} nm (nearest {have[idx[far[0]]]:g} nm; "
-                f"{far.size} of the model's {centres.size} bands unmatched)"
-            )
-        return idx
+        fwhm = np.asarray([np.nan if v is None else v for v in bands.get("fwhm") or [None] * centres.size], np.float64)
+        return match_bands(centres, img.wavelengths, fwhm, str(img.path))
     n = bands.get("num_input_bands")
     if n is not None and img.shape[2] != n:
         raise PredictError(

@@ -511,6 +511,44 @@ def _read_json(path: Path) -> dict | None:
 
 # -- the training loop's checkpoint policy -----------------------------------------------------------
 FINGERPRINT = "fingerprint.json"
+
+# What a trained model holds of its training store wherever it is applied: its channels or bands,
+# their normalisation, and the grid or sample size (the store's shape less its first axis, the
+# time steps or samples, which differ between a run's splits).
+MODEL_DATA = ("channels", "wavelength", "kept_bands_1based", "mean", "std")
+
+
+def check_data(task, checkpoint: str | Path, store: str | Path) -> None:
+    """Refuse a ``store`` whose channels, bands, grid or normalisation differ from those the
+    ``checkpoint`` was trained on (the ``data.*`` of its fingerprint), naming the store and the
+    first differing field: a model described or applied with another store's statistics would
+    contradict its own fingerprint. A checkpoint without a fingerprint (an older dchag's) has
+    nothing to compare with."""
+    path = Path(checkpoint) / FINGERPRINT
+    if not path.exists():
+        return
+    record = _read_json(path)
+    if record is None:
+        raise CheckpointError(f"{path} is not readable JSON")
+    here = task.data_signature()
+    pairs = [(f"data.{k}", here.get(k), record[f"data.{k}"]) for k in MODEL_DATA if f"data.{k}" in record]
+    if "data.shape" in record and "shape" in here:  # its first axis (time steps, samples) not compared
+        trained = list(record["data.shape"])
+        pairs.append(("data.shape", trained[:1] + list(here["shape"])[1:], trained))
+    for field, mine, trained in pairs:
+        if mine == trained:
+            continue
+        where = ""
+        if isinstance(mine, list) and isinstance(trained, list) and len(mine) == len(trained):
+            i = next(j for j, (a, b) in enumerate(zip(mine, trained)) if a != b)
+            where, mine, trained = f"[{i}]", mine[i], trained[i]
+        text = [json.dumps(v) if len(json.dumps(v)) <= 60 else json.dumps(v)[:50] + "…" for v in (mine, trained)]
+        raise CheckpointError(
+            f"store {store} is not the data checkpoint {checkpoint} was trained on: its {field}{where} is {text[0]}, "
+            f"the checkpoint's fingerprint has {text[1]}; give the run's training store (--data)"
+        )
+
+
 LEGACY_STAMP = "run_config.json"  # checkpoints/run_config.json of dchag before per-checkpoint fingerprints
 _STEP = re.compile(r"step_(\d+)")
 

@@ -27,6 +27,8 @@ def load_trained(
     if store is None and task != "forecast":
         raise ConfigError(f"run {run!r}: a {task} model's shape is read from its store; give the store (--data)")
     t = build_task(cfg, {"train": Path(store), "val": Path(store)} if store is not None else {})
+    if store is not None:
+        ckpt.check_data(t, checkpoint, store)
     model = ChannelViT(t.model_cfg)
     ckpt.load_weights(model, checkpoint)
     return cfg, t, model.eval()
