@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 from test_train import run_config
 
@@ -72,3 +73,94 @@ def test_launch_train_checks_before_torchrun_starts(data_root, tmp_path):
     one_line_error(proc, "world size 1 is not a multiple of the tensor-parallel size tp=2")
     assert "dchag train" not in proc.stderr
     assert not (out / "log.csv").exists() and not (out / "checkpoints").exists()
+
+
+# -- training configs that cannot train, refused before any work ------------------------------------
+def _plan(cfg: dict) -> None:
+    from dchag.config import settings
+    from dchag.plan import check_run
+
+    runs = cfg["train"]["runs"]
+    for run in runs:
+        check_run(settings(cfg), run, runs)
+
+
+def _hsi_config(hsi: dict, runs: dict, **train) -> dict:
+    from dchag.config import validate
+
+    return validate(
+        {
+            "name": "t",
+            "hsi": {"preset": "indian_pines", **hsi},
+            "model": {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 4, "aggregation": "baseline"},
+            "parallel": {"tp": 1, "strategy": "baseline", "data_parallel": "none"},
+            "train": {"nproc": 1, "steps": 2, "batch_size": 2, "val_every": 1, "val_batches": 1, "runs": runs, **train},
+        },
+        "test config",
+        check_files=False,
+    )
+
+
+def test_freezing_every_part_is_refused_by_the_plan(data_root):
+    """Every part frozen passed the plan and failed in backward ("element 0 of tensors does not
+    require grad"): the plan names the key."""
+    from dchag.config import ConfigError
+
+    _, base = data_root
+    every = ["tokenizer", "aggregation", "blocks", "head"]
+    runs = {"src": {"task": "forecast"}, "ft": {"task": "forecast", "init_from": "src", "train": {"freeze": every}}}
+    cfg = run_config(base, runs=runs)
+    with pytest.raises(ConfigError, match=r"config key 'train.runs.ft': train.freeze .* freezes every part"):
+        _plan(cfg)
+    runs["ft"]["train"]["freeze"] = every[:3]  # the head trains: fine
+    _plan(run_config(base, runs=runs))
+
+
+def test_a_linear_probe_with_freeze_is_refused():
+    """A linear probe freezes all but the classifier head and ignored train.freeze silently: the
+    combination is refused naming both keys."""
+    from dchag.config import ConfigError
+
+    hsi = {
+        "mae": {"images": ["img.mat"], "tile": 8},
+        "classification": {"image": "img.mat", "labels": "gt.mat", "patch": 8},
+    }
+    runs = {
+        "src": {"task": "mae"},
+        "probe": {"task": "classification", "init_from": "src", "train": {"linear_probe": True, "freeze": ["head"]}},
+    }
+    cfg = _hsi_config(hsi, runs)
+    with pytest.raises(ConfigError, match=r"'train.runs.probe': train.linear_probe .* train.freeze \['head'\]"):
+        _plan(cfg)
+    del runs["probe"]["train"]["freeze"]
+    _plan(_hsi_config(hsi, runs))
+
+
+def test_an_empty_validation_split_is_named_before_training(tmp_path):
+    """A store whose val group is empty was reported as a NaN validation loss at the first
+    validation: `train` and `launch-train` name the split and store before any step; the plan
+    refuses split fractions that leave it empty."""
+    from test_hsi import make_tiles
+
+    from dchag.config import ConfigError
+    from dchag.hsi import demo
+
+    demo.write_envi(tmp_path / "imgs", count=2, rows=32, cols=32, seed=5)
+    images = [str(tmp_path / "imgs" / "*.hdr")]
+    store = make_tiles(images, tmp_path / "t.zarr", {"preset": "indian_pines"}, tile=16, fractions=[0.5, 0.0, 0.5])
+    cfg = _hsi_config({"mae": {"images": images, "tile": 16}}, {"f": {"task": "mae"}})
+    message = f"the validation split (group 'val' of {store}) has 0 samples"
+
+    proc = launch_train(cfg, tmp_path / "run", store, store)
+    one_line_error(proc, message)
+    assert "dchag train" not in proc.stderr  # before torchrun started
+
+    cmd = [sys.executable, "-m", "dchag", "train", "--config", json.dumps(cfg), "--run-name", "f"]
+    proc = subprocess.run([*cmd, "--output", str(tmp_path / "run"), "--train-data", str(store)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "log.csv").exists()
+
+    cfg["hsi"]["mae"]["fractions"] = [0.5, 0.0, 0.5]
+    with pytest.raises(ConfigError, match=r"config key 'hsi.mae.fractions' \(run f\): .* the validation split empty"):
+        _plan(cfg)

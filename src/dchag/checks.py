@@ -113,10 +113,22 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
                 f"{hi} h, fewer than one batch of {t.batch_size} on each of {dp} data-parallel "
                 "rank(s); lower train.batch_size or train.forecast.lead_hours, or add years"
             )
+        samples = era5_split_steps(era5, "val") - hi // step
+        if samples < dp:
+            raise ConfigError(
+                f"config key 'era5.years.val' (run {run}): the validation years have {max(samples, 0)} samples at "
+                f"lead up to {hi} h, fewer than one on each of {dp} data-parallel rank(s): the validation loss "
+                "would be undefined"
+            )
     else:
         if spec.get("channels"):
             raise ConfigError(f"config key '{key}.channels': a channel subset is for forecast runs (ERA5 channels)")
         hsi = s.hsi
+        if not hsi[sub]["fractions"][1]:
+            raise ConfigError(
+                f"config key 'hsi.{sub}.fractions' (run {run}): {hsi[sub]['fractions']} leaves the validation split "
+                "empty: the validation loss would be undefined"
+            )
         size = hsi["mae"]["tile"] if task == "mae" else hsi["classification"]["patch"]
         what = "hsi.mae.tile" if task == "mae" else "hsi.classification.patch"
         if size % m.patch_size:
@@ -130,6 +142,8 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
                     f"the {patches} patches of a tile; at least one must be masked and one kept"
                 )
 
+
+FREEZABLE = ("tokenizer", "aggregation", "blocks", "head")  # train.freeze's parts (dchag.train.finetune.PARTS)
 
 FAMILIES = {"forecast": "ERA5 channels", "mae": "hyperspectral bands", "classification": "hyperspectral bands"}
 
@@ -157,6 +171,16 @@ def check_init(s: Settings, run: str, runs: dict[str, dict]) -> None:
     if r.train.linear_probe and spec["task"] != "classification":
         raise ConfigError(
             f"config key '{key}': train.linear_probe trains a classifier head; this is a {spec['task']} run"
+        )
+    if r.train.linear_probe and r.train.freeze:
+        raise ConfigError(
+            f"config key '{key}': train.linear_probe freezes everything but the classifier head; "
+            f"train.freeze {list(r.train.freeze)} besides it says otherwise: give one of them"
+        )
+    if set(r.train.freeze) >= set(FREEZABLE):
+        raise ConfigError(
+            f"config key '{key}': train.freeze {list(r.train.freeze)} freezes every part of the model "
+            "(nothing would be trained); leave at least one part out"
         )
     source = init_source(run, runs)
     if source is None:
