@@ -113,13 +113,6 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
                 f"{hi} h, fewer than one batch of {t.batch_size} on each of {dp} data-parallel "
                 "rank(s); lower train.batch_size or train.forecast.lead_hours, or add years"
             )
-        samples = era5_split_steps(era5, "val") - hi // step
-        if samples < dp:
-            raise ConfigError(
-                f"config key 'era5.years.val' (run {run}): the validation years have {max(samples, 0)} samples at "
-                f"lead up to {hi} h, fewer than one on each of {dp} data-parallel rank(s): the validation loss "
-                "would be undefined"
-            )
     else:
         if spec.get("channels"):
             raise ConfigError(f"config key '{key}.channels': a channel subset is for forecast runs (ERA5 channels)")
