@@ -164,3 +164,51 @@ def test_an_empty_validation_split_is_named_before_training(tmp_path):
     cfg["hsi"]["mae"]["fractions"] = [0.5, 0.0, 0.5]
     with pytest.raises(ConfigError, match=r"config key 'hsi.mae.fractions' \(run f\): .* the validation split empty"):
         _plan(cfg)
+
+
+# -- damaged stores named by predict -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def forecast_model(data_root, tmp_path_factory):
+    """An untrained (seeded) forecast model of the fixture's stores, saved as export writes it."""
+    import torch
+
+    from dchag.config import run_settings
+    from dchag.model import ChannelViT
+    from dchag.model import file as model_file
+    from dchag.predict import artifact
+    from dchag.train.tasks import build_task
+
+    root, base = data_root
+    cfg = run_config(base)
+    cfg["parallel"] = {"tp": 1, "strategy": "baseline", "data_parallel": "none"}
+    cfg["model"]["aggregation"] = "baseline"
+    store = root / "era5" / "train.zarr"
+    task = build_task(run_settings(cfg, "f"), {"train": store, "val": root / "era5" / "val.zarr"})
+    torch.manual_seed(0)
+    model = artifact.describe(task, store, ChannelViT(task.model_cfg), {"run": "f"})
+    return model_file.save(model, tmp_path_factory.mktemp("model") / "model")
+
+
+@pytest.mark.parametrize("damage", ["lost shard", "truncated shard", "truncated zarr.json"])
+def test_predict_names_a_damaged_store(data_root, forecast_model, tmp_path, capsys, damage):
+    """A lost chunk file was reported as "initial conditions not finite", a truncated one or a
+    truncated zarr.json as a traceback: one line naming the store (and the missing file)."""
+    from dchag.cli import main
+
+    root, _ = data_root
+    store = tmp_path / "val.zarr"
+    shutil.copytree(root / "era5" / "val.zarr", store)
+    shard = next(p for p in (store / "data" / "c").rglob("*") if p.is_file())
+    if damage == "lost shard":
+        shard.unlink()
+        message = f"store {store}: the file(s) data/{shard.relative_to(store / 'data').as_posix()} of variable 'data'"
+    else:
+        victim = shard if damage == "truncated shard" else store / "data" / "zarr.json"
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+        message = f"cannot read Zarr store {store}: "
+    out = tmp_path / "forecast.zarr"
+    code = main(["predict", "--model", str(forecast_model), "--store", str(store), "--lead-hours", "24",
+                 "--output", str(out)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err and err[-1].startswith("dchag predict: error: ") and message in err[-1], err
+    assert not out.exists()
