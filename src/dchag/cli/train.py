@@ -35,9 +35,11 @@ def cmd_launch_train(args) -> None:
     cfg = config(args)
     run = run_settings(cfg, args.run)  # an unknown run fails here, not in every rank
     train, stores = run.train, _stores(args, cfg, run.task)
-    nproc = args.nproc or train.nproc
-    # the config, a run directory in use, the stores: before torchrun starts
-    check_launch(cfg, args.run, args.output, stores, args.init_from, nproc * node_count(os.environ))
+    nproc, nodes = args.nproc or train.nproc, node_count(os.environ)
+    # the config, the stores, a run directory in use: before torchrun starts; the lock on the
+    # first node alone (the launchers of the other nodes would meet its check)
+    first = nodes == 1 or os.environ.get("SLURM_NODEID", "0") == "0"
+    check_launch(cfg, args.run, args.output, stores, args.init_from, nproc * nodes, lock=first)
     launch(
         nproc,
         train.max_restarts if args.max_restarts is None else args.max_restarts,

@@ -395,22 +395,25 @@ def check_launch(
     stores: dict[str, str | Path],
     init_from: str | Path | None,
     world_size: int,
+    lock: bool = True,
 ) -> None:
     """What `dchag launch-train` checks before torchrun starts, as every rank would: the run's
-    config for ``world_size`` processes, the run directory free (its lock is not kept: rank 0
-    takes it), and the stores present and readable with data for a batch and for validation."""
+    config for ``world_size`` processes, the stores present and readable with data for a batch
+    and for validation, then (``lock``) the run directory free; its lock is not kept: rank 0
+    takes it. A failed check leaves nothing."""
     from ..checks import check_run
     from ..layout import data_parallel_size
 
     config = _with_init_from(config, run, init_from)
     check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world_size)
-    RunLock(outdir).check_free()
     cfg = run_settings(config, run)
     task = build_task(cfg, stores)
     every = list(range(task.model_cfg.in_channels))
     sizes = [len(task.dataset(split, every, cfg.train.seed)) for split in ("train", "val")]
     dp = data_parallel_size(cfg.parallel.tp, cfg.parallel.data_parallel, world_size)
     check_splits(task, *sizes, dp, cfg.train.batch_size)
+    if lock:
+        RunLock(outdir).check_free()
 
 
 def _earlier_error(outdir: Path) -> str | None:
