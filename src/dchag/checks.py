@@ -120,6 +120,11 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
         if spec.get("channels"):
             raise ConfigError(f"config key '{key}.channels': a channel subset is for forecast runs (ERA5 channels)")
         hsi = s.hsi
+        if not hsi[sub]["fractions"][1]:
+            raise ConfigError(
+                f"config key 'hsi.{sub}.fractions' (run {run}): {hsi[sub]['fractions']} leaves the validation split "
+                "empty: the validation loss would be undefined"
+            )
         size = hsi["mae"]["tile"] if task == "mae" else hsi["classification"]["patch"]
         what = "hsi.mae.tile" if task == "mae" else "hsi.classification.patch"
         if size % m.patch_size:
@@ -160,6 +165,8 @@ def check_model_size(key: str, r) -> None:
         )
 
 
+FREEZABLE = ("tokenizer", "aggregation", "blocks", "head")  # train.freeze's parts (dchag.train.finetune.PARTS)
+
 FAMILIES = {"forecast": "ERA5 channels", "mae": "hyperspectral bands", "classification": "hyperspectral bands"}
 
 
@@ -186,6 +193,16 @@ def check_init(s: Settings, run: str, runs: dict[str, dict]) -> None:
     if r.train.linear_probe and spec["task"] != "classification":
         raise ConfigError(
             f"config key '{key}': train.linear_probe trains a classifier head; this is a {spec['task']} run"
+        )
+    if r.train.linear_probe and r.train.freeze:
+        raise ConfigError(
+            f"config key '{key}': train.linear_probe freezes everything but the classifier head; "
+            f"train.freeze {list(r.train.freeze)} besides it says otherwise: give one of them"
+        )
+    if set(r.train.freeze) >= set(FREEZABLE):
+        raise ConfigError(
+            f"config key '{key}': train.freeze {list(r.train.freeze)} freezes every part of the model "
+            "(nothing would be trained); leave at least one part out"
         )
     source = init_source(run, runs)
     if source is None:

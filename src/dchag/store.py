@@ -374,12 +374,44 @@ def channel_chunks(shape: tuple[int, ...], time_shard: int) -> dict:
     return {"chunks": (1, 1, ny, nx), "shards": (max(1, min(time_shard, t)), c, ny, nx)}
 
 
+@contextlib.contextmanager
+def reading(store: str | os.PathLike) -> Iterator[None]:
+    """Reading Zarr store ``store``: whatever a damaged file of it makes zarr, its codecs or the
+    JSON parser raise (a truncated chunk or shard, an unparsable ``zarr.json``) is one
+    InputError naming the store."""
+    try:
+        yield
+    except DchagError:
+        raise
+    except Exception as err:
+        raise InputError(f"cannot read Zarr store {store}: {type(err).__name__}: {err} (a damaged file?)") from err
+
+
+def absent_chunks(store: str | os.PathLike, var: str, steps) -> list[str]:
+    """The files of variable ``var`` of a local Zarr store that hold its time steps ``steps``
+    (indices on its first axis) and are missing: zarr reads a missing chunk as the fill value."""
+    import itertools
+    import math
+
+    with reading(store):
+        array = zarr.open_array(store=str(store), path=var, mode="r")
+        outer = array.shards or array.chunks
+        rest = [range(math.ceil(n / c)) for n, c in zip(array.shape[1:], outer[1:], strict=True)]
+        keys = [
+            f"{var}/{array.metadata.encode_chunk_key((t, *r))}"
+            for t in sorted({int(i) // outer[0] for i in steps})
+            for r in itertools.product(*rest)
+        ]
+    return [k for k in keys if not (Path(store) / k).exists()]
+
+
 def open_zarr(path: str | os.PathLike, **kwargs) -> xr.Dataset:
     """xr.open_zarr for stores this package wrote (Zarr v3, not consolidated), quiet about the
-    ``.snakemake_timestamp`` file Snakemake leaves in directory outputs."""
+    ``.snakemake_timestamp`` file Snakemake leaves in directory outputs; a damaged store is an
+    InputError naming it."""
     if not Path(path).exists():
         raise MissingFileError(f"Zarr store not found: {path}")
-    with _quiet_snakemake_timestamp():
+    with _quiet_snakemake_timestamp(), reading(path):
         return xr.open_zarr(path, consolidated=False, **kwargs)
 
 

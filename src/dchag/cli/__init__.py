@@ -53,18 +53,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     from ..errors import DchagError
     from ..store import write_error
+    from ..train.launch import report_error
 
     try:
         args.func(args)
     except DchagError as err:
         if args.verbose:
             raise
-        print(f"dchag {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        message = str(err)
     except Exception as err:
         cause = write_error(err)  # a full disk or a read-only place is the machine's state, not a bug
         if cause is None or args.verbose:
             raise
-        print(f"dchag {args.command}: error: cannot write {cause.filename or ''}: {cause.strerror}", file=sys.stderr)
-        return 2
-    return 0
+        message = f"cannot write {cause.filename or ''}: {cause.strerror}"
+    else:
+        return 0
+    print(f"dchag {args.command}: error: {message}", file=sys.stderr)
+    report_error(message)  # a worker under torchrun: the line `dchag launch-train` ends with
+    return 2

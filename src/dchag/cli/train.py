@@ -26,16 +26,22 @@ def cmd_train(args) -> None:
 
 
 def cmd_launch_train(args) -> None:
+    import os
+
     from ..config import run_settings
-    from ..train.launch import launch
-    from ..train.lock import RunLock
+    from ..train.launch import launch, node_count
+    from ..train.trainer import check_launch
 
     cfg = config(args)
     run = run_settings(cfg, args.run)  # an unknown run fails here, not in every rank
-    RunLock(args.output).check_free()  # and a run directory in use, before torchrun starts
     train, stores = run.train, _stores(args, cfg, run.task)
+    nproc, nodes = args.nproc or train.nproc, node_count(os.environ)
+    # the config, the stores, a run directory in use: before torchrun starts; the lock on the
+    # first node alone (the launchers of the other nodes would meet its check)
+    first = nodes == 1 or os.environ.get("SLURM_NODEID", "0") == "0"
+    check_launch(cfg, args.run, args.output, stores, args.init_from, nproc * nodes, lock=first)
     launch(
-        args.nproc or train.nproc,
+        nproc,
         train.max_restarts if args.max_restarts is None else args.max_restarts,
         [
             "--config",

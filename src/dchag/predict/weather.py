@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from .. import provenance
 from ..model.file import Model
-from ..store import atomic_path, compressors, open_any, open_store
+from ..store import absent_chunks, atomic_path, compressors, open_any, open_store, reading
 from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,15 @@ def from_store(model: Model, store: str, start: str | None = None, end: str | No
     std = ds["std"].values[ids].astype(np.float32)[None, :, None, None] if normalised else 1.0
 
     def read(indices):
-        x = np.asarray(ds["data"].isel(time=idx_all[indices], channel=ids).values, np.float32)
+        with reading(store):
+            x = np.asarray(ds["data"].isel(time=idx_all[indices], channel=ids).values, np.float32)
+        if not np.isfinite(x).all():
+            lost = absent_chunks(store, "data", idx_all[indices])
+            if lost:
+                raise PredictError(
+                    f"store {store}: the file(s) {', '.join(lost[:4])} of variable 'data' (time steps from "
+                    f"{times[idx_all[indices][0]]}) are missing; zarr reads them as NaN: recreate the store"
+                )
         return x * std + mean
 
     return InitialConditions(times[idx_all], read, f"store {store}")

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import FREEZABLE
 from ..errors import DchagError
 from ..parallel.names import canonical
 
@@ -37,12 +38,9 @@ HEADS = (
     "mask_token",
     "decoder_pos_embed",
 )
-PARTS = {
-    "tokenizer": ("tokenizer.",),
-    "aggregation": ("partial.", "final."),
-    "blocks": ("pos_embed", "blocks.", "norm."),
-    "head": HEADS,
-}
+PARTS = dict(
+    zip(FREEZABLE, [("tokenizer.",), ("partial.", "final."), ("pos_embed", "blocks.", "norm."), HEADS], strict=True)
+)
 PER_CHANNEL = ("tokenizer.weight", "tokenizer.bias", "tokenizer.channel_embed")
 
 

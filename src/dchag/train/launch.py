@@ -3,18 +3,33 @@ inside a Slurm allocation with c10d rendezvous on the job's first node.
 
 On a cluster, run one task per node, e.g. ``srun --ntasks-per-node 1 dchag launch-train ...``;
 every task derives the same rendezvous (head node, job id, node count) from Slurm's variables.
+
+torchrun's agent runs in the launcher's own process. A worker that ends on a user's error
+(one line, :func:`report_error`) leaves that line in the error file torchrun gives it
+(``TORCHELASTIC_ERROR_FILE``); the launcher ends with that line, not with torchrun's
+``ChildFailedError`` report. A worker that fails otherwise (a bug, a signal) keeps torchrun's report.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
-import sys
+import time
+
+from ..errors import DchagError
 
 log = logging.getLogger(__name__)
+
+WORKER_ERROR = "dchag_error"  # marks a worker's one-line user error in torchrun's error file
+
+
+class WorkerError(DchagError, RuntimeError):
+    """A worker of `dchag launch-train` ended on a user's error (its one line)."""
+
 
 RDZV_BASE_PORT = 29500
 
@@ -53,6 +68,11 @@ def slurm_head_node(env: dict) -> str:
     return expand_hostlist(nodelist)[0]
 
 
+def node_count(env: dict) -> int:
+    """The nodes of a Slurm allocation (1 outside one)."""
+    return int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+
+
 def torchrun_command(
     nproc_per_node: int,
     max_restarts: int,
@@ -63,7 +83,7 @@ def torchrun_command(
     """torchrun running ``python -m <module...> <train_args>`` on every rank."""
     env = dict(os.environ if env is None else env)
     cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
-    nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    nnodes = node_count(env)
     # One node (a laptop, or a one-node Slurm job): standalone picks a free port, so several
     # training jobs can share a node.
     if nnodes > 1 and "SLURM_JOB_ID" in env and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
@@ -95,6 +115,30 @@ def rank_thread_env(env: dict, threads_per_rank: int) -> dict:
     return {**env, **{k: str(threads_per_rank) for k in THREAD_VARS}}
 
 
+def report_error(message: str) -> None:
+    """Under torchrun, leave this worker's one-line error where its agent reads it (torchrun's
+    per-worker error file); elsewhere nothing."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": message, "timestamp": int(time.time()), WORKER_ERROR: True}, f)
+    except OSError:
+        pass  # the worker's own output still has the line
+
+
+def worker_error(failures: dict) -> str | None:
+    """The first one-line user error the failed workers reported (earliest, then lowest rank),
+    or None when none did. ``failures``: torchrun's rank -> ProcessFailure."""
+    reported = sorted(
+        (f.timestamp, rank, f.error_file_data["message"])
+        for rank, f in failures.items()
+        if isinstance(f.error_file_data, dict) and f.error_file_data.get(WORKER_ERROR)
+    )
+    return reported[0][2] if reported else None
+
+
 def launch(
     nproc_per_node: int,
     max_restarts: int,
@@ -102,12 +146,22 @@ def launch(
     threads_per_rank: int | None = None,
     module: tuple[str, ...] = ("dchag", "train"),
 ) -> None:
+    """Run torchrun's agent in this process over ``python -m <module> <train_args>`` workers;
+    a worker's reported user error ends it as :class:`WorkerError`."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
     from .lock import LAUNCHER_PID
 
     cmd = torchrun_command(nproc_per_node, max_restarts, train_args, module=module)
-    env = rank_thread_env(dict(os.environ), threads_per_rank) if threads_per_rank else dict(os.environ)
-    env[LAUNCHER_PID] = str(os.getpid())  # torchrun runs in this process (exec): its workers' parent
+    if threads_per_rank:  # the workers inherit this process's environment
+        os.environ.update(rank_thread_env({}, threads_per_rank))
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process: its workers' parent
     log.info("%s ...%s", " ".join(cmd[:6]), f" ({threads_per_rank} threads per rank)" if threads_per_rank else "")
-    if shutil.which(cmd[0], path=env.get("PATH")) is None:  # torch is installed, its script is not on PATH
-        cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:]]
-    os.execvpe(cmd[0], cmd, env)
+    try:
+        run(parse_args(cmd[1:]))
+    except ChildFailedError as err:
+        message = worker_error(err.failures)
+        if message is None:
+            raise
+        raise WorkerError(message) from None

@@ -55,6 +55,10 @@ class Task:
     def dataset(self, split: str, rank_channels: list[int], seed: int) -> torch.utils.data.Dataset:
         raise NotImplementedError
 
+    def where(self, split: str) -> str:
+        """Where ``split``'s samples are read (for messages)."""
+        return str(self.stores[split])
+
     def data_signature(self) -> dict:
         """What the training store holds, as far as a run's result depends on it (its
         channels or bands, sample shape and count, normalisation): a checkpoint is resumed only
@@ -149,6 +153,9 @@ class _HsiTask(Task):
 
     def _classes(self) -> int:
         return 0
+
+    def where(self, split: str) -> str:
+        return f"group {split!r} of {self.stores[split]}"
 
     def wavelengths(self) -> list[float | None]:
         """The band centres (nm) of the training store (None where unknown)."""

@@ -158,12 +158,8 @@ class Trainer:
         self.val_set = self.task.dataset("val", channels, self.seed + 1)
         dp_rank = self.mesh["dp"].get_local_rank()
         self.batch = t.batch_size
+        check_splits(self.task, len(self.train_set), len(self.val_set), self.dims.dp, self.batch)
         self.sampler = ResumableSampler(len(self.train_set), self.dims.dp, dp_rank, self.seed)
-        if self.sampler.per_rank < self.batch:
-            raise DataError(
-                f"{len(self.train_set)} training samples over {self.dims.dp} data-parallel ranks is less "
-                f"than one batch of {self.batch}"
-            )
         self.val_sampler = ResumableSampler(len(self.val_set), self.dims.dp, dp_rank, self.seed, shuffle=False)
         self.checkpoints = ckpt.CheckpointManager(
             self.out,
@@ -375,6 +371,49 @@ def _with_init_from(config: dict, run: str, init_from: str | Path | None) -> dic
         return config
     out = {**config, "train": {**config["train"], "runs": {**runs, run: {**spec, "init_from": str(init_from)}}}}
     return out
+
+
+def check_splits(task, train: int, val: int, dp: int, batch: int) -> None:
+    """Every data-parallel rank gets a training batch and a validation sample (an empty
+    validation split would make the validation loss undefined, found only at its first step)."""
+    if train // dp < batch:
+        raise DataError(
+            f"{train} training samples ({task.where('train')}) over {dp} data-parallel ranks is less "
+            f"than one batch of {batch}"
+        )
+    if val // dp == 0:
+        raise DataError(
+            f"the validation split ({task.where('val')}) has {val} samples, fewer than one for each of the {dp} "
+            "data-parallel rank(s): the validation loss would be undefined"
+        )
+
+
+def check_launch(
+    config: dict,
+    run: str,
+    outdir: str | Path,
+    stores: dict[str, str | Path],
+    init_from: str | Path | None,
+    world_size: int,
+    lock: bool = True,
+) -> None:
+    """What `dchag launch-train` checks before torchrun starts, as every rank would: the run's
+    config for ``world_size`` processes, the stores present and readable with data for a batch
+    and for validation, then (``lock``) the run directory free; its lock is not kept: rank 0
+    takes it. A failed check leaves nothing."""
+    from ..checks import check_run
+    from ..layout import data_parallel_size
+
+    config = _with_init_from(config, run, init_from)
+    check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world_size)
+    cfg = run_settings(config, run)
+    task = build_task(cfg, stores)
+    every = list(range(task.model_cfg.in_channels))
+    sizes = [len(task.dataset(split, every, cfg.train.seed)) for split in ("train", "val")]
+    dp = data_parallel_size(cfg.parallel.tp, cfg.parallel.data_parallel, world_size)
+    check_splits(task, *sizes, dp, cfg.train.batch_size)
+    if lock:
+        RunLock(outdir).check_free()
 
 
 def _earlier_error(outdir: Path) -> str | None:
