@@ -19,7 +19,7 @@ import xarray as xr
 from test_train import _cli
 from test_trust import _mount, _short
 
-from dchag.store import OWNER_ATTRIBUTE, OutputError, open_zarr, write_zarr
+from dchag.store import OutputError, open_zarr, write_zarr
 
 
 def _digest(path: Path) -> dict[str, str]:
@@ -55,6 +55,8 @@ def _one_line(proc: subprocess.CompletedProcess, *words: str) -> None:
 
 # -- outputs are owned ---------------------------------------------------------------------------------------
 def test_a_writer_replaces_only_an_earlier_output_of_its_own_kind(tmp_path):
+    from dchag.store import OWNER_ATTRIBUTE
+
     ds = xr.Dataset({"a": (("x",), np.arange(3.0))})
     out = tmp_path / "out.zarr"
     write_zarr(ds, out, kind="forecast")
