@@ -413,7 +413,8 @@ def atomic_path(target: str | os.PathLike, kind: str | None = None, inputs=()) -
             _remove(target)
         os.replace(tmp, target)
     except BaseException as err:
-        cause = None if isinstance(err, DchagError) else write_failure(err, tmp)
+        failed = isinstance(err, Exception) and not isinstance(err, DchagError)  # not an interrupt
+        cause = write_failure(err, tmp) if failed else None
         _remove_settled(tmp)
         if cause is not None:
             raise OutputError(f"cannot write {target}: {cause} (a full disk, or a read-only place?)") from err
