@@ -234,10 +234,11 @@ def _remove(path: Path) -> None:
 
 
 class OutputError(DchagError, OSError):
-    """A result cannot be written (a full disk, a read-only or forbidden place)."""
+    """A result cannot be written (a full disk, a read-only or forbidden place), or its path
+    holds something dchag did not write there."""
 
 
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
 def write_error(err: BaseException) -> OSError | None:
@@ -246,6 +247,40 @@ def write_error(err: BaseException) -> OSError | None:
         if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
             return err
         err = err.__cause__ or err.__context__
+    return None
+
+
+LOW_SPACE = 64 * 2**20  # a write that failed with less than this free on its disk failed for the space
+
+
+def write_failure(err: BaseException, written: Path) -> str | None:
+    """Why a write into ``written`` (a temporary file or directory, not yet removed) failed,
+    when the cause is the machine's state whatever the library raised: the OSError of a full,
+    read-only or forbidden place behind ``err``, or its description in the message of a
+    library's own exception; else a disk left with almost no free space, or a file that reached
+    the file size limit (``ulimit -f``), which torch's writer reports as a bare RuntimeError."""
+    import resource
+
+    cause = write_error(err)
+    if cause is not None:
+        return cause.strerror or str(cause)
+    chain = []
+    while err is not None and len(chain) < 16:
+        chain.append(str(err))
+        err = err.__cause__ or err.__context__
+    for code in sorted(_WRITE_ERRNOS):  # in the message of a library's own type (safetensors: "os error 27")
+        if any(os.strerror(code) in text for text in chain):
+            return os.strerror(code)
+    with contextlib.suppress(OSError):
+        disk = os.statvfs(written if written.exists() else written.parent)
+        if disk.f_bavail * disk.f_frsize < LOW_SPACE:
+            return os.strerror(errno.ENOSPC)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        files = written.rglob("*") if written.is_dir() else [written]
+        with contextlib.suppress(OSError):
+            if any(f.is_file() and f.stat().st_size >= limit for f in files):
+                return f"{os.strerror(errno.EFBIG)} (the file size limit is {limit} bytes)"
     return None
 
 
@@ -277,11 +312,87 @@ def _remove_dead_temporaries(target: Path) -> None:
             _remove(tmp)
 
 
-@contextlib.contextmanager
-def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``target``; rename it to ``target`` if the block succeeds.
-    A full or read-only disk is an OutputError naming the target (and nothing is left)."""
+# -- outputs are owned --------------------------------------------------------------------------------
+OWNER = ".dchag-output"  # in every directory dchag writes: the kind of output it is
+RUN_MARKS = (".lock", "checkpoints", "run.json")  # what a training run's directory holds
+
+
+OWNER_ATTRIBUTE = "dchag_output"  # the same, as an attribute of a Zarr store's root group
+
+
+def output_kind(path: Path) -> str | None:
+    """The kind of output dchag wrote at ``path`` (a directory), if it wrote it."""
+    import json
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if (path / "zarr.json").is_file():
+            return json.loads((path / "zarr.json").read_text()).get("attributes", {}).get(OWNER_ATTRIBUTE)
+        return (path / OWNER).read_text().strip() or None
+    return None
+
+
+def _mark(path: Path, kind: str) -> None:
+    """Mark a directory output with its kind: a Zarr store in its root attributes (a file
+    beside its nodes would be an unknown object to Zarr), any other directory with a file."""
+    if (path / "zarr.json").is_file():
+        zarr.open_group(store=str(path), mode="r+", zarr_format=3).attrs[OWNER_ATTRIBUTE] = kind
+    else:
+        (path / OWNER).write_text(f"{kind}\n")
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / m).exists() for m in RUN_MARKS)
+
+
+def check_inputs(target: str | os.PathLike, inputs) -> None:
+    """Refuse an output path that is, or contains, one of a command's ``inputs`` (writing it
+    would replace them)."""
+    where = Path(target).resolve()
+    for name in inputs:
+        try:  # a value that names no file (an inline JSON config) is not an input path
+            source = Path(name).resolve()
+            if not source.exists():
+                continue
+        except (OSError, ValueError):
+            continue
+        if source.is_relative_to(where):
+            relation = "is" if where == source else "contains"
+            raise OutputError(f"output {target} {relation} the input {name}: choose another output path")
+
+
+def check_output(target: str | os.PathLike, kind: str | None = None, inputs=()) -> None:
+    """Refuse an output path that would destroy what this writer did not make: one of
+    ``inputs`` or a folder holding one, a run directory, a symbolic link, or a directory that
+    is not an earlier output of the same ``kind``. A file may replace a regular file (a file
+    holds no mark of who wrote it); :func:`atomic_path` refuses a directory in place of a file."""
     target = Path(target)
+    check_inputs(target, inputs)
+    if not (target.exists() or target.is_symlink()):
+        return
+    if target.is_symlink():
+        raise OutputError(f"refusing to replace {target}: a symbolic link; remove it or choose another output path")
+    if target.is_dir():
+        if is_run_dir(target):
+            raise OutputError(f"refusing to replace {target}: it is a training run's directory")
+        found = output_kind(target)
+        if found != (kind or "output"):
+            what = f"a dchag {found} output" if found else "a directory dchag did not write"
+            raise OutputError(
+                f"refusing to replace {target}: {what}, not an earlier {kind or 'output'}; "
+                "remove it or choose another output path"
+            )
+    elif not target.is_file():
+        raise OutputError(f"refusing to replace {target}: not a regular file")
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, kind: str | None = None, inputs=()) -> Iterator[Path]:
+    """Yield a temporary path beside ``target``; rename it to ``target`` if the block succeeds.
+    Only an earlier output of the same ``kind`` is replaced (:func:`check_output`); a directory
+    written is marked with its kind. A full or read-only disk, or a file at the size limit, is
+    an OutputError naming the target whatever the library raised (and nothing is left)."""
+    target = Path(target)
+    check_output(target, kind, inputs)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -291,16 +402,22 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     _remove_dead_temporaries(target)
     try:
         yield tmp
+        if tmp.is_dir():
+            _mark(tmp, kind or "output")
         if (tmp / "zarr.json").exists():
             consolidate(tmp)
+        if tmp.is_dir():
+            if target.is_file():
+                raise OutputError(f"refusing to replace the file {target} with a directory: choose another output path")
         if target.exists():
             _remove(target)
         os.replace(tmp, target)
     except BaseException as err:
+        failed = isinstance(err, Exception) and not isinstance(err, DchagError)  # not an interrupt
+        cause = write_failure(err, tmp) if failed else None
         _remove_settled(tmp)
-        cause = write_error(err)
-        if cause is not None and not isinstance(err, DchagError):
-            raise OutputError(f"cannot write {target}: {cause.strerror} (a full disk, or a read-only place?)") from err
+        if cause is not None:
+            raise OutputError(f"cannot write {target}: {cause} (a full disk, or a read-only place?)") from err
         raise
 
 
@@ -322,13 +439,16 @@ def compressors() -> list:
     return [zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")]
 
 
-def write_zarr(ds: xr.Dataset, path: str | os.PathLike, encoding: dict | None = None) -> None:
-    """Write ``ds`` as a Zarr v3 store atomically (inherited encodings dropped)."""
+def write_zarr(
+    ds: xr.Dataset, path: str | os.PathLike, encoding: dict | None = None, kind: str = "store", inputs=()
+) -> None:
+    """Write ``ds`` as a Zarr v3 store atomically (inherited encodings dropped); ``kind`` and
+    ``inputs`` as for :func:`atomic_path`."""
     ds = ds.drop_encoding()
     enc = {name: {"compressors": compressors()} for name in ds.data_vars if ds[name].dtype.kind in "fiu"}
     for name, extra in (encoding or {}).items():
         enc.setdefault(name, {}).update(extra)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, kind, inputs) as tmp:
         ds.to_zarr(tmp, zarr_format=3, consolidated=False, encoding=enc, mode="w")
 
 

@@ -45,6 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_output(args) -> None:
+    """An --output (or --outdir) that is, or contains, a path given to the same command is
+    refused before any work: writing it would replace the command's own input."""
+    from ..store import check_inputs
+
+    outputs = [getattr(args, name) for name in ("output", "outdir") if getattr(args, name, None)]
+    given = []
+    for key, value in vars(args).items():
+        if key not in ("output", "outdir"):
+            given += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str) and v]
+    for output in outputs:
+        check_inputs(output, given)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -56,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..train.launch import report_error
 
     try:
+        _check_output(args)
         args.func(args)
     except DchagError as err:
         if args.verbose:

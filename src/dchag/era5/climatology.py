@@ -67,7 +67,7 @@ def climatology_part(
     doy = [(y.times.day_of_year.values, np.searchsorted(hours, y.times.hour.values)) for y in years]
     time_sum = np.zeros((nc, ny, nx), np.float64)
     steps = 0
-    with atomic_path(output) as tmp:
+    with atomic_path(output, "climatology-part") as tmp:
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         days = stop - first
         mean = group.create_array(
@@ -209,7 +209,7 @@ def combine_climatology(part_stores: list[str | Path], output: str | Path, confi
         **provenance.as_attrs(provenance.record(config)),
     }
     encoding = {v: {"compressors": compressors(), "chunks": skeleton[v].shape} for v in skeleton.data_vars}
-    with atomic_path(output) as tmp:
+    with atomic_path(output, "climatology") as tmp:
         skeleton.to_zarr(tmp, zarr_format=3, consolidated=False, compute=False, mode="w", encoding=encoding)
         for c, name in enumerate(names):
             means = np.empty((DAYS, hours.size, len(lat), len(lon)), np.float64)

@@ -153,7 +153,7 @@ def preprocess_year(
             },
         )
         filled = 0
-        with atomic_path(output) as tmp:
+        with atomic_path(output, "era5-year") as tmp:
             ds.to_zarr(
                 tmp,
                 zarr_format=3,

@@ -148,7 +148,7 @@ def split_part(
     k = next((i for i, y in enumerate(layout.years) if y.year == year), None)
     if k is None:
         raise InputError(f"year {year} is not among the stores of split {split}: {', '.join(map(str, year_stores))}")
-    with atomic_path(output) as tmp:
+    with atomic_path(output, "era5-split-part") as tmp:
         out = _lay_out(tmp, split, layout, mean, std, stats_file, config, {"part_of_year": year})
         _write_shards(out, layout, layout.inside(k), mean, std)
     return Path(output)
@@ -197,7 +197,7 @@ def assemble_split(
     missing = [y.year for y in layout.years if y.year not in by_year]
     if missing or len(by_year) != len(layout.years):
         raise InputError(f"split {split}: parts of years {missing} missing, or parts of other years given")
-    with atomic_path(output) as tmp:
+    with atomic_path(output, "era5-split") as tmp:
         out = _lay_out(tmp, split, layout, mean, std, stats_file, config, {})
         for y in layout.years:
             chunks = by_year[y.year] / "data" / "c"

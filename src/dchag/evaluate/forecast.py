@@ -118,7 +118,7 @@ def write_truth(store: str, variables: list[str], output: str) -> Path:
         "description": f"verifying fields from {store}, physical units",
         **provenance.as_attrs(provenance.record({"store": store, "variables": variables})),
     }
-    write_zarr(ds.chunk({"time": 64}), output)
+    write_zarr(ds.chunk({"time": 64}), output, kind="truth")
     return Path(output)
 
 
@@ -156,7 +156,8 @@ def baseline_forecast(
             provenance.record({"kind": kind, "store": store, "lead_hours": lead_hours, "climatology": climatology})
         ),
     }
-    write_zarr(forecast_dataset(values, init, lead_hours, truth.latitude.values, truth.longitude.values, attrs), output)
+    forecast = forecast_dataset(values, init, lead_hours, truth.latitude.values, truth.longitude.values, attrs)
+    write_zarr(forecast, output, kind="forecast")
     return Path(output)
 
 
@@ -212,7 +213,8 @@ def model_forecast(
         "source": store,
         **provenance.as_attrs(provenance.record(cfg.raw, checkpoint=str(checkpoint), lead_hours=lead_hours)),
     }
-    write_zarr(forecast_dataset(values, times[idx], lead_hours, ds.lat.values, ds.lon.values, attrs), output)
+    forecast = forecast_dataset(values, times[idx], lead_hours, ds.lat.values, ds.lon.values, attrs)
+    write_zarr(forecast, output, kind="forecast")
     return Path(output)
 
 
@@ -229,5 +231,5 @@ def wb2_climatology(climatology: str, output: str) -> Path:
             **provenance.as_attrs(provenance.record({"climatology": str(climatology)})),
         }
     )
-    write_zarr(ds.chunk(-1), output)
+    write_zarr(ds.chunk(-1), output, kind="wb2-climatology")
     return Path(output)

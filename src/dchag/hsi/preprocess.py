@@ -243,7 +243,7 @@ def preprocess_classification(
     extra = {"label": np.int16, "row": np.int32, "col": np.int32} | ({"tile": np.int32} if tiled else {})
     coords = band_coords(sel, mean, std, _kept_fwhm(images, sel), bounds)
     # Pass 3: normalised patches, image by image.
-    with atomic_path(output) as tmp:
+    with atomic_path(output, "hsi-patches") as tmp:
         writer = SplitWriter(
             tmp, "patches", sizes, (nb, c.patch, c.patch), extra, coords,
             {s: {**attrs, "split": s} for s in SPLITS}, opts.band_chunk,
@@ -328,7 +328,7 @@ def preprocess_tiles(t: TileSettings, opts: BandOptions, output: str | Path, con
     sizes = {s: int((split_of == i).sum()) for i, s in enumerate(SPLITS)}
     coords = band_coords(sel, mean, std, _kept_fwhm(images, sel), bounds)
     extra = {"image": np.int32, "row0": np.int32, "col0": np.int32}
-    with atomic_path(output) as tmp:
+    with atomic_path(output, "hsi-tiles") as tmp:
         writer = SplitWriter(
             tmp, "tiles", sizes, (nb, t.tile, t.tile), extra, coords,
             {s: {**attrs, "split": s} for s in SPLITS}, opts.band_chunk,

@@ -114,7 +114,7 @@ def save(model: Model, directory: str | Path) -> Path:
     directory = Path(directory)
     tensors = {k: v.contiguous().clone() for k, v in model.weights().items()}
     tensors.update({CONSTANT + k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in model.constants.items()})
-    with atomic_path(directory) as tmp:
+    with atomic_path(directory, "model") as tmp:
         tmp.mkdir()
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": FORMAT})
         meta = {**model.meta, "weights": {"file": WEIGHTS, "sha256": _sha256(tmp / WEIGHTS)}}

@@ -30,7 +30,7 @@ from .. import provenance
 from ..hsi.bands import match_bands
 from ..model import random_masking
 from ..model.file import Model
-from ..store import atomic_path, write_zarr
+from ..store import atomic_path, check_output, write_zarr
 from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,21 @@ def _geotiff(labels: np.ndarray, georeference: dict, output: Path) -> None:
             dst.write(labels.astype(np.int16), 1)
 
 
+def _outputs(output: str, kind: str, image: str, model: Model, beside: tuple[str, ...]) -> Path:
+    """The Zarr store ``output`` and the files beside it (``beside``: their suffixes), each
+    checked before any work: none is another's path, an input, or a path dchag did not write."""
+    out = Path(output)
+    for suffix in beside:
+        if out.with_suffix(suffix) == out:
+            raise PredictError(
+                f"--output {out} is the Zarr store, and its {suffix} goes beside it under the same name "
+                f"with {suffix}: give the store another name (e.g. {out.with_suffix('.zarr')})"
+            )
+        check_output(out.with_suffix(suffix), None, (image, model.source))
+    check_output(out, kind, (image, model.source))
+    return out
+
+
 def classify_scene(
     model: Model, image: str, output: str, key: str | None = None, batch_size: int = 512
 ) -> dict[str, Path]:
@@ -121,6 +136,7 @@ def classify_scene(
     georeferenced image, ``.tif``."""
     if model.task != "classification":
         raise PredictError(f"{model.source} is a {model.task} model, not a classifier")
+    out = _outputs(output, "classification", image, model, (".png", ".tif"))
     from ..hsi.samples import extract_patches
 
     x, missing, img = read_scene(model, image, key)
@@ -162,8 +178,7 @@ def classify_scene(
             **provenance.as_attrs(provenance.record({"model": model.meta.get("provenance"), "image": str(image)})),
         },
     )
-    out = Path(output)
-    write_zarr(ds, out)
+    write_zarr(ds, out, kind="classification", inputs=(image, model.source))
     made = {"zarr": out, "png": out.with_suffix(".png")}
     _png(np.where(missing, np.nan, labels - 1.0), made["png"], f"classes of {Path(image).name}", "tab20", names)
     if georef and georef.get("geotransform"):
@@ -178,6 +193,7 @@ def reconstruct_image(
     """Masked-autoencoder reconstructions of every complete tile of ``image``."""
     if model.task != "mae":
         raise PredictError(f"{model.source} is a {model.task} model, not a masked autoencoder")
+    out = _outputs(output, "reconstruction", image, model, (".png",))
     from ..evaluate import recon
     from ..hsi.samples import complete_tiles, tile_grid
 
@@ -253,8 +269,7 @@ def reconstruct_image(
             **provenance.as_attrs(provenance.record({"model": model.meta.get("provenance"), "image": str(image)})),
         },
     )
-    out = Path(output)
-    write_zarr(ds, out)
+    write_zarr(ds, out, kind="reconstruction", inputs=(image, model.source))
     band = int(np.argmin(np.abs(np.asarray(wl) - 650))) if np.isfinite(wl).all() else bands // 2
     side = np.concatenate([truth[band], pred[band]], axis=1)
     _png(side, out.with_suffix(".png"), f"band {band}: image | reconstruction", "viridis")

@@ -232,7 +232,7 @@ def forecast(
     starts = list(range(0, n, batch_size))
     rounds = [starts[i : i + run.shares] for i in range(0, len(starts), run.shares)]
     width = batch_size * run.shares  # the store's time chunk: each round fills whole chunks
-    with atomic_path(output) if run.writer else contextlib.nullcontext() as tmp, torch.no_grad():
+    with atomic_path(output, "forecast") if run.writer else contextlib.nullcontext() as tmp, torch.no_grad():
         if run.writer:
             shape = (n, len(lead_hours), len(lat), len(lon))
             empty = {o: da.zeros(shape, np.float32, chunks=(width, 1, len(lat), len(lon))) for o in outputs}

@@ -67,7 +67,7 @@ def regrid_file(
     )
     with ProgressBar(minimum=2):
         if output.rstrip("/").endswith(".zarr"):
-            write_zarr(out, output)
+            write_zarr(out, output, kind="regridded")
         else:
             with atomic_path(output) as tmp:
                 out.drop_encoding().to_netcdf(tmp)

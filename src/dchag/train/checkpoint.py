@@ -21,7 +21,8 @@ result depends on, see :func:`fingerprint`) and the run's logs up to its step (`
 ``ranks.csv``): a resumed run restores its history from them. Checkpoints are written to a
 temporary directory and renamed when every rank is done, so a crash mid-save never leaves one
 that looks complete; and no checkpoint is ever deleted because the configuration changed:
-checkpoints of another configuration are moved aside to ``<run>/superseded/``.
+checkpoints of another configuration are moved aside to ``<run>/superseded/``, and with them
+the run's record (``final/``, logs, ``run.json``, TensorBoard) unless ``final/`` is of this one.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from ..errors import DchagError
 from ..model.file import _sha256
 from ..parallel import names as keys
+from ..store import write_failure
 
 log = logging.getLogger(__name__)
 
@@ -305,14 +307,15 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[st
     _barrier()
     try:
         dcp.save(tensors, checkpoint_id=str(tmp))
-    except (OSError, CheckpointException) as err:  # DCP gathers every rank's failure into one exception
+    except (Exception, CheckpointException) as err:  # DCP gathers every rank's failure into one (a BaseException)
         failures = [f[0] if isinstance(f, tuple) else f for f in (getattr(err, "failures", {}) or {}).values()]
-        causes = [e for e in (err, *failures) if isinstance(e, OSError)]
-        if not causes:
+        # torch's writer reports a full disk as a RuntimeError: the cause is found on the disk
+        cause = next(filter(None, (write_failure(e, tmp) for e in (err, *failures))), None)
+        if cause is None:
             raise
-        raise CheckpointError(
-            f"cannot write checkpoint {directory}: {causes[0].strerror or causes[0]} (disk full or read-only?)"
-        ) from err
+        if _rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"cannot write checkpoint {directory}: {cause} (disk full or read-only?)") from err
     _barrier()
     sums = _digests(tmp, [p.name for p in tmp.iterdir() if p.is_file()])
     if _rank0():
@@ -327,8 +330,9 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[st
             shutil.rmtree(directory, ignore_errors=True)
             tmp.rename(directory)
         except OSError as err:
+            cause = write_failure(err, tmp) or err.strerror or str(err)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"cannot write checkpoint {directory}: {err.strerror or err}") from err
+            raise CheckpointError(f"cannot write checkpoint {directory}: {cause}") from err
     _barrier()
     return directory
 
@@ -551,6 +555,8 @@ def check_data(task, checkpoint: str | Path, store: str | Path) -> None:
 
 LEGACY_STAMP = "run_config.json"  # checkpoints/run_config.json of dchag before per-checkpoint fingerprints
 _STEP = re.compile(r"step_(\d+)")
+# A run's record beside its checkpoints: moved aside with them when the configuration changes.
+RUN_RECORD = ("final", "log.csv", "ranks.csv", "log.csv.partial", "ranks.csv.partial", "run.json", "tensorboard")
 
 
 class CheckpointManager:
@@ -612,6 +618,16 @@ class CheckpointManager:
         (dest / "why.txt").write_text(why + "\n")
         return dest
 
+    def _final_changes(self) -> list[str] | None:
+        """What differs between final/'s configuration and this run's (None: no final/)."""
+        if not self.final_dir.is_dir():
+            return None
+        try:
+            stamp = self._stamp(self.final_dir)
+        except CheckpointError as err:
+            return [str(err)]
+        return changed_keys(stamp, self.record) if stamp is not None else ["no record of it"]
+
     def prepare(self) -> None:
         if self.rank == 0:
             for tmp in [*self.directory.glob(".step_*.tmp"), self.run_dir / ".final.tmp"]:
@@ -627,17 +643,20 @@ class CheckpointManager:
                 changed = changed_keys(stamp, self.record) if stamp is not None else ["no record of it"]
                 if changed:
                     other[path] = changed
+            final_changed = self._final_changes()
             for path, why in damaged:
                 dest = self._move_aside([path], f"damaged: {why}")
                 log.warning(
                     f"checkpoint {path} is damaged ({why}); moved it to {dest} and resume from the previous "
                     "complete one"
                 )
-            if other:
-                changes = next(iter(other.values()))
+            if other or final_changed:
+                changes = final_changed or next(iter(other.values()))
                 why = f"another configuration ({'; '.join(changes)})"
-                dest = self._move_aside(list(other), why)
-                log.info(f"{self.directory} holds checkpoints of {why}; moved them to {dest}; starting afresh")
+                # the run's record (final/, its logs, run.json) goes with them, unless final/ is of this one
+                record = [p for p in map(self.run_dir.joinpath, RUN_RECORD) if p.exists() and final_changed != []]
+                dest = self._move_aside([*other, *record], why)
+                log.info(f"{self.run_dir} holds a run of {why}; moved its checkpoints and record to {dest}")
             if self.directory.is_dir() and not self.steps():
                 (self.directory / LEGACY_STAMP).unlink(missing_ok=True)
             self.directory.mkdir(parents=True, exist_ok=True)

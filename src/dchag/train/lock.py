@@ -15,6 +15,7 @@ import fcntl
 import os
 import signal
 import socket
+import stat
 from pathlib import Path
 
 from ..errors import DchagError
@@ -22,6 +23,10 @@ from ..errors import DchagError
 
 class RunLockedError(DchagError, RuntimeError):
     """Another process trains (or evaluates into) the same run directory."""
+
+
+class LockFileError(DchagError, OSError):
+    """A run directory's lock file is not a regular file (a link, a directory)."""
 
 
 class RunLock:
@@ -35,9 +40,25 @@ class RunLock:
         except OSError:
             return "an unknown process"
 
+    def _open(self) -> int:
+        """The lock file, never followed if it is a link nor truncated on opening: anyone who
+        can write a shared results folder could otherwise make it any file the trainer may write."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            what = "a symbolic link" if self.path.is_symlink() else "a directory" if self.path.is_dir() else None
+            raise LockFileError(
+                f"cannot lock run directory {self.path.parent}: {self.path} is "
+                f"{what or err.strerror}; it must be a regular file (remove it)"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LockFileError(f"cannot lock run directory {self.path.parent}: {self.path} is not a regular file")
+        return fd
+
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
