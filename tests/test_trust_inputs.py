@@ -8,6 +8,7 @@ import argparse
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from dchag import cli
 from dchag.cli import common
@@ -146,3 +147,35 @@ def test_a_band_axis_outside_the_cubes_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "dchag score-recon: error: band axis 5: the cubes have 3 axes (shape (8, 8, 4))"
     assert not (tmp_path / "s.json").exists()
+
+
+# -- the config's size, in bytes ------------------------------------------------------------------
+def _one_string_aliased(repeats: int, length: int) -> str:
+    """The demo config whose class names are one long string, named once and aliased."""
+    text = (REPO / "config" / "demo.yaml").read_text()
+    names = "    class_names: [concrete, lichen, red maple, rock]"
+    assert names in text
+    aliased = f'    class_names: [&s "{"x" * length}"' + ", *s" * (repeats - 1) + "]"
+    return text.replace(names, aliased)
+
+
+def test_the_config_limit_counts_bytes_not_values(tmp_path, capsys):
+    from test_workflow import snakemake
+
+    from dchag.config import ConfigError, read_yaml
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_one_string_aliased(100, 20_000))  # 20 kB of YAML, 2 MB once expanded; 100-odd values
+    with pytest.raises(ConfigError, match=r"bomb.yaml: the config expands to more than 1000000 bytes"):
+        read_yaml(path)
+    assert cli.main(["describe-model", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dchag describe-model: error: {path}: the config expands") and "\n" not in err
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = snakemake(work, "-n", configfile=path)
+    assert proc.returncode != 0 and "expands to more than 1000000 bytes" in proc.stdout + proc.stderr
+    written = sum(p.stat().st_size for p in work.rglob("*") if p.is_file())
+    assert written < 100_000, written
+    path.write_text(_one_string_aliased(4, 20_000))  # long names, but a config's size
+    assert len(read_yaml(path)["hsi"]["classification"]["class_names"]) == 4
