@@ -179,3 +179,72 @@ def test_the_config_limit_counts_bytes_not_values(tmp_path, capsys):
     assert written < 100_000, written
     path.write_text(_one_string_aliased(4, 20_000))  # long names, but a config's size
     assert len(read_yaml(path)["hsi"]["classification"]["class_names"]) == 4
+
+
+# -- label rasters: no no-data value becomes a class ----------------------------------------------
+rasterio = pytest.importorskip("rasterio")
+
+
+def _label_file(kind: str, folder, labels: np.ndarray, nodata: float | None = None):
+    """``labels`` as a real .mat (scipy), GeoTIFF (rasterio, north-up 30 m) or ENVI (Spectral
+    Python) file of their dtype, with the file's own nodata value where given."""
+    import scipy.io
+    import spectral.io.envi as envi
+
+    if kind == "mat":
+        scipy.io.savemat(folder / "gt.mat", {"gt": labels})
+        return folder / "gt.mat"
+    if kind == "tif":
+        profile = {"driver": "GTiff", "dtype": labels.dtype.name, "count": 1, "height": labels.shape[0],
+                   "width": labels.shape[1], "crs": "EPSG:32633",
+                   "transform": rasterio.Affine(30.0, 0.0, 366000.0, 0.0, -30.0, 5808000.0)}  # fmt: skip
+        if nodata is not None:
+            profile["nodata"] = nodata
+        with rasterio.open(folder / "gt.tif", "w", **profile) as dst:
+            dst.write(labels[None])
+        return folder / "gt.tif"
+    meta = {} if nodata is None else {"data ignore value": nodata}
+    envi.save_image(str(folder / "gt.hdr"), labels[:, :, None], dtype=labels.dtype, metadata=meta, force=True)
+    return folder / "gt.hdr"
+
+
+@pytest.mark.parametrize(
+    "kind, dtype, background, declared",
+    [
+        ("mat", "uint16", 65535, None),
+        ("tif", "uint16", 65535, None),
+        ("envi", "uint16", 65535, None),
+        ("tif", "uint8", 255, None),
+        ("tif", "uint16", 9999, 9999),  # the file's own nodata value
+        ("envi", "uint16", 9999, 9999),
+    ],
+)
+def test_no_data_label_values_are_no_class(tmp_path, kind, dtype, background, declared):
+    import scipy.io
+    from test_hsi_products import classify, group
+
+    from dchag.hsi import demo
+
+    cube, labels, *_ = demo.scene(32, 32, seed=3)
+    scipy.io.savemat(tmp_path / "img.mat", {"img": cube})
+    lab = labels.astype(dtype)
+    lab[lab == 0] = background  # the background of a delivered label raster
+    lab[:3] = 0  # and a few unlabelled rows
+    path = _label_file(kind, tmp_path, lab, declared)
+    train = group(classify(tmp_path / "img.mat", path, tmp_path / "o.zarr"), "train")
+    present = sorted(set(np.unique(labels).tolist()) - {0})
+    assert train.attrs["label_values"] == present, train.attrs["label_values"]
+    assert int(train.label.max()) == len(present)
+
+
+def test_a_label_geotiff_without_georeference_is_read_as_stored(tmp_path):
+    from hsi_products import write_label_tile
+
+    from dchag.hsi.readers import read_labels
+
+    lab = np.zeros((6, 5), np.uint8)
+    lab[0] = 1  # the first row, as stored
+    write_label_tile(tmp_path / "l.tif", lab)
+    with pytest.warns(rasterio.errors.NotGeoreferencedWarning):
+        got = read_labels(str(tmp_path / "l.tif"))
+    assert (got.values == lab).all() and not got.georeference

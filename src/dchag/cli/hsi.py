@@ -154,7 +154,9 @@ def register(add) -> None:
     sp.add_argument("--fractions", type=_fractions, help="train,val,test")
     sp.add_argument("--seed", type=nonneg_int)
     sp.add_argument("--class-names", help="comma-separated, in label order 1..K")
-    sp.add_argument("--ignore-labels", type=_integers, help="label values that mean 'no label' besides 0, e.g. 255")
+    sp.add_argument(
+        "--ignore-labels", type=_integers, help="label values that mean 'no label' besides 0 (default: 255,65535)"
+    )
     sp.add_argument(
         "--noncontiguous-labels", choices=["remap", "error"], help="class values with gaps: renumber 1..K or stop"
     )
