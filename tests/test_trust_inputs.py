@@ -5,6 +5,7 @@ readers' one-line errors (issue 31)."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 import pytest
@@ -248,3 +249,161 @@ def test_a_label_geotiff_without_georeference_is_read_as_stored(tmp_path):
     with pytest.warns(rasterio.errors.NotGeoreferencedWarning):
         got = read_labels(str(tmp_path / "l.tif"))
     assert (got.values == lab).all() and not got.georeference
+
+
+# -- the product readers: one line naming the file ------------------------------------------------
+def _preprocess_error(capsys, *argv) -> str:
+    assert cli.main(["preprocess-hsi", *map(str, argv)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return err.splitlines()[-1]
+
+
+def test_a_truncated_enmap_geotiff_is_one_line(tmp_path, capsys):
+    from hsi_products import write_enmap
+
+    tif = write_enmap(tmp_path / "enmap")
+    tif.write_bytes(tif.read_bytes()[: tif.stat().st_size // 2])
+    line = _preprocess_error(capsys, tif, "--tile", "8", "--output", tmp_path / "o.zarr")
+    assert line.startswith(f"dchag preprocess-hsi: error: GeoTIFF {tif}: its pixels cannot be read (")
+    assert line.endswith("the file is truncated or corrupt, download it again")
+    assert not (tmp_path / "o.zarr").exists()
+
+
+@pytest.mark.parametrize("centres", ["zero", "nan", "absent"])
+def test_a_prisma_product_without_band_centres_is_one_line(tmp_path, capsys, centres):
+    import h5py
+    from hsi_products import write_prisma
+
+    from dchag.hsi.readers import HsiInputError, read_image
+
+    he5 = write_prisma(tmp_path / "prisma")
+    with h5py.File(he5, "a") as f:
+        if centres == "absent":
+            del f.attrs["List_Cw_Swir"]
+        else:
+            f.attrs["List_Cw_Swir"] = np.full(173, 0.0 if centres == "zero" else np.nan, np.float32)
+    expected = {
+        "zero": "List_Cw_Swir gives no usable band centres (all 173 are 0)",
+        "nan": "List_Cw_Swir gives no usable band centres (nan at band 0)",
+        "absent": "no file attribute List_Cw_Swir",
+    }[centres]
+    with pytest.raises(HsiInputError, match=re.escape(f"{he5}: {expected}")):
+        read_image(str(he5), detector_overlap="swir")
+    line = _preprocess_error(capsys, he5, "--tile", "8", "--output", tmp_path / "o.zarr")
+    assert expected in line and not (tmp_path / "o.zarr").exists()
+
+
+def test_an_unknown_envi_data_type_is_named(tmp_path, capsys):
+    import spectral.io.envi as envi
+
+    envi.save_image(str(tmp_path / "x.hdr"), np.ones((8, 8, 3), np.float32), force=True)
+    hdr = tmp_path / "x.hdr"
+    hdr.write_text(hdr.read_text().replace("data type = 4", "data type = 99"))
+    line = _preprocess_error(capsys, hdr, "--tile", "4", "--output", tmp_path / "o.zarr")
+    assert line.startswith(f"dchag preprocess-hsi: error: ENVI header {hdr}: data type = 99; expected one of ")
+    assert "4 (float32)" in line and "12 (uint16)" in line and not (tmp_path / "o.zarr").exists()
+
+
+def _classifier_of(tmp_path, image, labels):
+    """A seeded (untrained) classifier of the bands of ``image``, from the store the real
+    preprocessing made of ``image`` and ``labels``, saved as export writes it."""
+    import torch
+    from test_hsi import hsi_config
+
+    from dchag.config import run_settings, validate
+    from dchag.hsi.preprocess import preprocess_from_config
+    from dchag.model import ChannelViT
+    from dchag.model import file as model_file
+    from dchag.predict import artifact
+    from dchag.train.tasks import build_task
+
+    cfg = hsi_config("classification", {"image": str(image), "labels": str(labels), "patch": 3})
+    cfg = validate(
+        {
+            **cfg,
+            "model": {"patch_size": 1, "embed_dim": 8, "depth": 1, "num_heads": 2, "aggregation": "linear"},
+            "parallel": {"tp": 1, "data_parallel": "none"},
+            "train": {"runs": {"r": {"task": "classification"}}},
+        }
+    )
+    store = preprocess_from_config(cfg, "classification", tmp_path / "train.zarr")
+    t = build_task(run_settings(cfg, "r"), {"train": store, "val": store})
+    torch.manual_seed(0)
+    model = artifact.describe(t, store, ChannelViT(t.model_cfg), {"run": "r"})
+    return model_file.save(model, tmp_path / "model")
+
+
+@pytest.fixture
+def emit_classifier(tmp_path):
+    import scipy.io
+    from hsi_products import write_emit
+
+    nc, _ = write_emit(tmp_path / "emit", rows=24, cols=20)
+    labels = np.zeros((24, 20), np.uint8)
+    labels[2:12, 2:18], labels[12:22, 2:10], labels[12:22, 10:18] = 1, 2, 3
+    scipy.io.savemat(tmp_path / "gt.mat", {"gt": labels})
+    return nc, _classifier_of(tmp_path, nc, tmp_path / "gt.mat")
+
+
+def test_an_emit_product_is_classified(tmp_path, emit_classifier):
+    import json
+
+    import xarray as xr
+
+    nc, model = emit_classifier
+    out = tmp_path / "map.zarr"
+    assert cli.main(["predict", "--model", str(model), "--image", str(nc), "--output", str(out)]) == 0
+    got = xr.open_zarr(out)
+    assert got.label.shape == (24, 20) and set(np.unique(got.label.values)) <= {0, 1, 2, 3}
+    grid = json.loads(got.attrs["georeference"])  # EMIT's map grid (of its lookup table), as numbers
+    assert grid["grid_geotransform"] == pytest.approx([-104.6, 0.000542232520256, 0.0, 32.5, 0.0, -0.000542232520256])
+    assert grid["grid_crs"].startswith('GEOGCS["WGS 84"')
+    # the image is in sensor geometry: no label GeoTIFF on the map grid's transform
+    assert (tmp_path / "map.png").exists() and not (tmp_path / "map.tif").exists()
+
+
+def test_a_bad_emit_geotransform_is_one_line_before_anything_is_written(tmp_path, capsys, emit_classifier):
+    import netCDF4
+
+    nc, model = emit_classifier
+    with netCDF4.Dataset(nc, "a") as f:
+        f.geotransform = "[-104.6 0.00054 0.0]"
+    out = tmp_path / "map.zarr"
+    assert cli.main(["predict", "--model", str(model), "--image", str(nc), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"dchag predict: error: {nc}: geotransform = '[-104.6 0.00054 0.0]'; expected six finite numbers "
+        "in GDAL's order (x0, dx, rx, y0, ry, dy)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emit", "gt.mat", "model", "train.zarr"]
+
+
+def test_a_classification_map_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch, emit_classifier):
+    """The image of a georeferenced GeoTIFF: when its label GeoTIFF cannot be written (a full
+    disk), the Zarr store and the PNG written before it are removed."""
+    import errno
+
+    from dchag.predict import hsi
+
+    nc, model = emit_classifier
+    from dchag.hsi.readers import read_image
+
+    img = read_image(str(nc))
+    cube = img.read(np.arange(img.shape[2]))
+    with rasterio.open(
+        tmp_path / "img.tif", "w", driver="GTiff", height=24, width=20, count=cube.shape[2], dtype="float32",
+        crs="EPSG:32633", transform=rasterio.Affine(30.0, 0.0, 366000.0, 0.0, -30.0, 5808000.0),
+    ) as dst:  # fmt: skip
+        dst.write(np.moveaxis(cube, -1, 0))
+        for b, w in enumerate(img.wavelengths, start=1):
+            dst.update_tags(b, wavelength=f"{w:.4f}", wavelength_units="Nanometers")
+
+    def full_disk(labels, grid, output):
+        raise OSError(errno.ENOSPC, "No space left on device", str(output))
+
+    monkeypatch.setattr(hsi, "_geotiff", full_disk)
+    out = tmp_path / "geo.zarr"
+    assert cli.main(["predict", "--model", str(model), "--image", str(tmp_path / "img.tif"), "--output", str(out)]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "geo.png").exists() and not (tmp_path / "geo.tif").exists()
