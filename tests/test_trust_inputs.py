@@ -407,3 +407,14 @@ def test_a_classification_map_is_written_whole_or_not_at_all(tmp_path, capsys, m
     assert cli.main(["predict", "--model", str(model), "--image", str(tmp_path / "img.tif"), "--output", str(out)]) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "geo.png").exists() and not (tmp_path / "geo.tif").exists()
+
+
+def test_a_reversed_wavelength_range_is_refused(tmp_path, capsys):
+    from hsi_products import write_emit
+
+    nc, _ = write_emit(tmp_path / "emit", rows=16, cols=16)
+    line = _preprocess_error(capsys, nc, "--tile", "8", "--drop-wavelengths", "1450-1340", "--output", tmp_path / "o")
+    assert line == (
+        "dchag preprocess-hsi: error: hsi.drop_wavelengths [1450, 1340]: expected a range [LO, HI] in nm, 0 <= LO <= HI"
+    )
+    assert not (tmp_path / "o").exists()
