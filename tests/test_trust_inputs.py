@@ -418,3 +418,12 @@ def test_a_reversed_wavelength_range_is_refused(tmp_path, capsys):
         "dchag preprocess-hsi: error: hsi.drop_wavelengths [1450, 1340]: expected a range [LO, HI] in nm, 0 <= LO <= HI"
     )
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("task", ["classification", "mae"])
+def test_a_negative_preprocessing_seed_is_a_config_error(task):
+    from dchag.config import ConfigError, validate
+
+    section = {"image": "x.mat", "labels": "y.mat"} if task == "classification" else {"images": ["x.hdr"]}
+    with pytest.raises(ConfigError, match=rf"key 'hsi.{task}.seed': -3 is less than the minimum of 0"):
+        validate({"name": "t", "hsi": {task: {**section, "seed": -3}}}, "test config", check_files=False)
