@@ -93,6 +93,27 @@ def test_every_numeric_flag_has_a_range():
         ),  # fmt: skip
         (["advise", "--alpha", "nan", "--gpus", "1", "--gpus-per-node", "1"], "--alpha", "number >= 0"),
         (["advise", "--intra-bw", "inf", "--gpus", "1", "--gpus-per-node", "1"], "--intra-bw", "positive number"),
+        (
+            [
+                "advise",
+                "--alpha",
+                "0",
+                "--intra-bw",
+                "1e10",
+                "--inter-bw",
+                "1e9",
+                "--gpus",
+                "4",
+                "--gpus-per-node",
+                "4",
+                "--gradient-bytes",
+                "1e9",
+                "--compute-s",
+                "0",
+            ],
+            "--compute-s",
+            "positive number",
+        ),  # fmt: skip
         (["regrid", "in.nc", "--grid", "-5.625", "--output", "o.nc"], "--grid", "positive number"),
         (
             ["era5-climatology-part", "--config", "c", "--part", "0", "--parts", "4", "--output", "o", "y"],

@@ -122,7 +122,7 @@ def register(add) -> None:
         type=positive_float,
         help="the seed article's model: gradient bytes per step (with --compute-s)",
     )
-    sp.add_argument("--compute-s", type=nonneg_float, help="the seed article's model: compute time per step")
+    sp.add_argument("--compute-s", type=positive_float, help="the seed article's model: compute time per step")
     sp.add_argument("--delta-alpha", type=nonneg_float, default=2e-3, help="the article's added fixed overhead (s)")
     sp.add_argument("--output", help=".json (everything) or .md (the table)")
 
