@@ -448,3 +448,29 @@ def test_a_negative_preprocessing_seed_is_a_config_error(task):
     section = {"image": "x.mat", "labels": "y.mat"} if task == "classification" else {"images": ["x.hdr"]}
     with pytest.raises(ConfigError, match=rf"key 'hsi.{task}.seed': -3 is less than the minimum of 0"):
         validate({"name": "t", "hsi": {task: {**section, "seed": -3}}}, "test config", check_files=False)
+
+
+def test_a_lead_index_beyond_the_forecast_is_one_line(tmp_path, capsys):
+    import pandas as pd
+    import xarray as xr
+
+    times = pd.date_range("2001-01-01", periods=3, freq="1D")
+    lat, lon = np.linspace(-80, 80, 4), np.linspace(0, 270, 4)
+    truth = xr.Dataset(
+        {"2m_temperature": (("time", "latitude", "longitude"), np.full((6, 4, 4), 280.0, np.float32))},
+        coords={"time": pd.date_range("2001-01-01", periods=6, freq="1D"), "latitude": lat, "longitude": lon},
+    )
+    leads = pd.to_timedelta([24, 48], unit="h")
+    forecast = xr.Dataset(
+        {"2m_temperature": (("time", "prediction_timedelta", "latitude", "longitude"), np.full((3, 2, 4, 4), 281.0))},
+        coords={"time": times, "prediction_timedelta": leads, "latitude": lat, "longitude": lon},
+    )
+    truth.to_zarr(tmp_path / "truth.zarr")
+    forecast.to_zarr(tmp_path / "run.zarr")
+    argv = ["figure", "forecast-maps", str(tmp_path / "run.zarr"), "--truth", str(tmp_path / "truth.zarr"),
+            "--output", str(tmp_path / "maps.png")]  # fmt: skip
+    assert cli.main([*argv, "--lead-index", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"dchag figure: error: forecast maps: lead index 2, but {tmp_path / 'run.zarr'} has 2 lead(s)"
+    assert not (tmp_path / "maps.png").exists()
+    assert cli.main([*argv, "--lead-index", "1"]) == 0 and (tmp_path / "maps.png").exists()
