@@ -474,3 +474,17 @@ def test_a_lead_index_beyond_the_forecast_is_one_line(tmp_path, capsys):
     assert err == f"dchag figure: error: forecast maps: lead index 2, but {tmp_path / 'run.zarr'} has 2 lead(s)"
     assert not (tmp_path / "maps.png").exists()
     assert cli.main([*argv, "--lead-index", "1"]) == 0 and (tmp_path / "maps.png").exists()
+
+
+def test_a_grid_finer_than_any_reanalysis_is_refused_before_allocating(tmp_path, capsys):
+    import xarray as xr
+
+    ds = xr.Dataset(
+        {"t2m": (("time", "latitude", "longitude"), np.ones((1, 19, 36), np.float32))},
+        coords={"time": [0], "latitude": np.linspace(90, -90, 19), "longitude": np.arange(0, 360, 10.0)},
+    )
+    ds.to_netcdf(tmp_path / "in.nc")
+    argv = ["regrid", str(tmp_path / "in.nc"), "--output", str(tmp_path / "out.nc"), "--grid"]
+    assert cli.main([*argv, "1e-9"]) == 2  # 1.3 TiB of indices
+    assert capsys.readouterr().err.strip() == "dchag regrid: error: grid resolution 1e-09 deg: expected 0.1 to 180 deg"
+    assert not (tmp_path / "out.nc").exists()
