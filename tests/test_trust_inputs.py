@@ -488,3 +488,9 @@ def test_a_grid_finer_than_any_reanalysis_is_refused_before_allocating(tmp_path,
     assert cli.main([*argv, "1e-9"]) == 2  # 1.3 TiB of indices
     assert capsys.readouterr().err.strip() == "dchag regrid: error: grid resolution 1e-09 deg: expected 0.1 to 180 deg"
     assert not (tmp_path / "out.nc").exists()
+
+
+def test_a_demo_scene_too_large_for_memory_is_refused(tmp_path, capsys):
+    assert cli.main(["demo-hsi", "--outdir", str(tmp_path / "d"), "--size", "100000"]) == 2  # 7 TiB
+    assert capsys.readouterr().err.strip() == "dchag demo-hsi: error: demo-hsi size 100000: expected 16 to 2048"
+    assert not (tmp_path / "d").exists()
