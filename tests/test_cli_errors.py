@@ -89,7 +89,7 @@ def _cases(tmp):
         ],
         "era5-climatology": ["--config", cfg(ERA5), "--output", str(tmp / "c.zarr"), f"{MISSING}/1.zarr"],
         "regrid": [f"{MISSING}/in.nc", "--grid", "5.625", "--output", str(tmp / "out.nc")],
-        "demo-hsi": ["--outdir", str(tmp / "hsi"), "--images", "0"],
+        "demo-hsi": ["--outdir", str(tmp / "hsi"), "--size", "8"],  # a range beyond the flag's own
         "preprocess-hsi": [
             f"{MISSING}/Indian_pines_corrected.mat",
             "--labels",

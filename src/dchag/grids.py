@@ -74,15 +74,20 @@ class LatLonGrid:
         return (rows, cols) if lat_ok and lon_ok else None
 
 
+FINEST_GRID = 0.1  # deg: ERA5-Land's; ERA5's own is 0.25
+
+
 def weatherbench_grid(resolution: float) -> LatLonGrid:
     """The pole-free WeatherBench (v1) / ClimaX grid of ``resolution`` degrees.
 
     lat = arange(-90 + d/2, 90, d) (ascending), lon = arange(0, 360, d).
     """
     d = float(resolution)
+    if not FINEST_GRID <= d <= 180:  # finer asks for memory by the terabyte
+        raise GridError(f"grid resolution {resolution!r} deg: expected {FINEST_GRID} to 180 deg")
     nlat = 180.0 / d
     nlon = 360.0 / d
-    if d <= 0 or abs(nlat - round(nlat)) > 1e-9 or abs(nlon - round(nlon)) > 1e-9:
+    if abs(nlat - round(nlat)) > 1e-9 or abs(nlon - round(nlon)) > 1e-9:
         raise GridError(
             f"grid resolution {resolution!r} deg does not divide 180 deg evenly; "
             f"expected e.g. one of {sorted(WEATHERBENCH_SHAPES)}"

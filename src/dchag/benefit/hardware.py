@@ -86,16 +86,24 @@ class Hardware:
         if not Path(path).exists():
             raise InputError(f"hardware profile not found: {path} (write one with `dchag calibrate --output {path}`)")
         d = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(d, dict):
+            raise InputError(f"hardware profile {path}: expected a mapping of alpha, intra_bw, inter_bw")
         missing = [k for k in ("alpha", "intra_bw", "inter_bw") if k not in d]
         if missing:
             raise InputError(f"hardware profile {path} lacks key(s) {', '.join(missing)}")
-        return cls(
-            float(d["alpha"]),
-            float(d["intra_bw"]),
-            float(d["inter_bw"]),
-            int(d.get("gpus_per_node", 1)),
-            d.get("measured", {}),
-        )
+        rates = []
+        for key in ("alpha", "intra_bw", "inter_bw"):  # seconds >= 0, bytes/s > 0
+            try:
+                value = float(d[key])  # a string too: YAML reads 5e-6 (no dot) as one
+            except (TypeError, ValueError):
+                value = math.nan
+            if not math.isfinite(value) or value < 0 or (value == 0 and key != "alpha"):
+                raise InputError(
+                    f"hardware profile {path}: {key} = {d[key]!r}; expected "
+                    + ("seconds >= 0" if key == "alpha" else "bytes/s > 0")
+                )
+            rates.append(float(value))
+        return cls(*rates, int(d.get("gpus_per_node", 1)), d.get("measured", {}))
 
     def to_yaml(self, path: str | Path) -> Path:
         with atomic_path(path) as tmp:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .common import config, pairs
+from .common import config, nonneg_float, pairs, positive_float, positive_int
 
 VERIFY_COLUMNS = [
     "run",
@@ -92,36 +92,38 @@ def register(add) -> None:
         "(run under torchrun)",
     )
     sp.add_argument("--config", help="config whose model's step time is measured (optional)")
-    sp.add_argument("--channels", type=int)
-    sp.add_argument("--batch", type=int)
-    sp.add_argument("--repeats", type=int, default=5)
+    sp.add_argument("--channels", type=positive_int)
+    sp.add_argument("--batch", type=positive_int)
+    sp.add_argument("--repeats", type=positive_int, default=5)
     sp.add_argument("--output", default="hw.yaml")
 
     sp = add("advise", cmd_advise, "predict step time, communication and memory per strategy; recommend one")
     sp.add_argument("--hardware", help="profile from `dchag calibrate`")
-    sp.add_argument("--alpha", type=float, help="seconds per message step")
-    sp.add_argument("--intra-bw", type=float, help="bytes/s within a node")
-    sp.add_argument("--inter-bw", type=float, help="bytes/s between nodes")
+    sp.add_argument("--alpha", type=nonneg_float, help="seconds per message step")
+    sp.add_argument("--intra-bw", type=positive_float, help="bytes/s within a node")
+    sp.add_argument("--inter-bw", type=positive_float, help="bytes/s between nodes")
     sp.add_argument("--model", help="config YAML with the model (and era5 channels/grid)")
-    sp.add_argument("--channels", type=int)
-    sp.add_argument("--image", type=int, nargs=2, metavar=("H", "W"))
-    sp.add_argument("--batch", type=int, help="micro-batch per GPU (default: train.batch_size)")
-    sp.add_argument("--gpus", type=int, required=True)
-    sp.add_argument("--gpus-per-node", type=int, required=True)
+    sp.add_argument("--channels", type=positive_int)
+    sp.add_argument("--image", type=positive_int, nargs=2, metavar=("H", "W"))
+    sp.add_argument("--batch", type=positive_int, help="micro-batch per GPU (default: train.batch_size)")
+    sp.add_argument("--gpus", type=positive_int, required=True)
+    sp.add_argument("--gpus-per-node", type=positive_int, required=True)
     sp.add_argument(
         "--flops-per-s",
-        type=float,
+        type=positive_float,
         help="sustained matmul FLOP/s per GPU (default: the profile's measured rate; "
         "without a profile's other rates the model counts FLOPs only)",
     )
     sp.add_argument(
-        "--gpu-memory-gb", type=float, help="memory per GPU: strategies that do not fit are not recommended"
+        "--gpu-memory-gb", type=positive_float, help="memory per GPU: strategies that do not fit are not recommended"
     )
     sp.add_argument(
-        "--gradient-bytes", type=float, help="the seed article's model: gradient bytes per step (with --compute-s)"
+        "--gradient-bytes",
+        type=positive_float,
+        help="the seed article's model: gradient bytes per step (with --compute-s)",
     )
-    sp.add_argument("--compute-s", type=float, help="the seed article's model: compute time per step")
-    sp.add_argument("--delta-alpha", type=float, default=2e-3, help="the article's added fixed overhead (s)")
+    sp.add_argument("--compute-s", type=positive_float, help="the seed article's model: compute time per step")
+    sp.add_argument("--delta-alpha", type=nonneg_float, default=2e-3, help="the article's added fixed overhead (s)")
     sp.add_argument("--output", help=".json (everything) or .md (the table)")
 
     sp = add(
@@ -131,7 +133,10 @@ def register(add) -> None:
     )
     sp.add_argument("runs", nargs="+", help="NAME=RUN_DIR (with log.csv and ranks.csv); verify-dp is the reference")
     sp.add_argument(
-        "--tolerance", type=float, default=0.05, help="relative validation-loss rise still counted as no accuracy loss"
+        "--tolerance",
+        type=nonneg_float,
+        default=0.05,
+        help="relative validation-loss rise still counted as no accuracy loss",
     )
     sp.add_argument("--output", required=True, help="verdict CSV")
     sp.add_argument("--figure", required=True, help=".png (a .pdf is written beside it)")

@@ -1,8 +1,33 @@
-"""What several stages' subcommands share: the ``--config`` flag and loading it."""
+"""What several stages' subcommands share: the ``--config`` flag and loading it, and the
+argparse types of numeric flags, each with its range (a value outside it is argparse's
+one-line usage error naming the flag, before any work)."""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
+
+
+def _ranged(convert: Callable[[str], float], ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+positive_int = _ranged(int, lambda v: v > 0, "a positive integer")
+nonneg_int = _ranged(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _ranged(float, lambda v: v > 0, "a positive number")
+nonneg_float = _ranged(float, lambda v: v >= 0, "a number >= 0")
+percentile = _ranged(float, lambda v: 0 <= v <= 100, "a percentile from 0 to 100")
 
 
 def config_arg(sp: argparse.ArgumentParser, required: bool = True, help_: str | None = None) -> None:

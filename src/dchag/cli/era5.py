@@ -3,7 +3,7 @@ statistics, split stores, climatology; and the standalone regridder."""
 
 from __future__ import annotations
 
-from .common import config_arg, config_with
+from .common import config_arg, config_with, positive_float, positive_int
 
 
 def cmd_demo_era5(args) -> None:
@@ -78,17 +78,19 @@ def register(add) -> None:
     config_arg(sp)
     sp.add_argument("--outdir", required=True)
     which = sp.add_mutually_exclusive_group()
-    which.add_argument("--year", type=int, help="only this year's files (default: every year, and constants.nc)")
+    which.add_argument(
+        "--year", type=positive_int, help="only this year's files (default: every year, and constants.nc)"
+    )
     which.add_argument("--constants-only", action="store_true", help="only constants.nc")
 
     sp = add("era5-weights", cmd_era5_weights, "compute regridding weights from the inputs' grid to the target grid")
     config_arg(sp)
-    sp.add_argument("--year", type=int, required=True, help="a year whose input files define the source grid")
+    sp.add_argument("--year", type=positive_int, required=True, help="a year whose input files define the source grid")
     sp.add_argument("--output", required=True, help="weights file (netCDF, ESMF/xESMF layout)")
 
     sp = add("era5-year", cmd_era5_year, "regrid one year of ERA5 inputs into a Zarr store (physical units)")
     config_arg(sp)
-    sp.add_argument("--year", type=int, required=True)
+    sp.add_argument("--year", type=positive_int, required=True)
     sp.add_argument(
         "--weights",
         help="weights file from era5-weights (or any xESMF weights file); without it the inputs must be on the "
@@ -113,7 +115,7 @@ def register(add) -> None:
     sp = add("era5-split-part", cmd_era5_split_part, "one year's normalised shards of a split store")
     config_arg(sp)
     sp.add_argument("--split", required=True, choices=["train", "val", "test"])
-    sp.add_argument("--year", type=int, required=True, help="the year whose shards this part holds")
+    sp.add_argument("--year", type=positive_int, required=True, help="the year whose shards this part holds")
     sp.add_argument("--stats", required=True)
     sp.add_argument("--output", required=True)
     sp.add_argument("years", nargs="+", help="per-year stores of the whole split, in time order")
@@ -132,8 +134,8 @@ def register(add) -> None:
         "day-of-year means of one block of days over every climatology year (part K of N)",
     )
     config_arg(sp)
-    sp.add_argument("--part", type=int, required=True, help="K, from 1")
-    sp.add_argument("--parts", type=int, required=True, help="N: the day blocks the year is cut into")
+    sp.add_argument("--part", type=positive_int, required=True, help="K, from 1")
+    sp.add_argument("--parts", type=positive_int, required=True, help="N: the day blocks the year is cut into")
     sp.add_argument("--output", required=True)
     sp.add_argument("years", nargs="+", help="per-year stores of the climatology years")
 
@@ -148,7 +150,9 @@ def register(add) -> None:
         "regrid", cmd_regrid, "regrid every lat-lon variable of a netCDF file or Zarr store onto a WeatherBench grid"
     )
     sp.add_argument("input")
-    sp.add_argument("--grid", type=float, required=True, help="target resolution in degrees (5.625, 2.8125, 1.40625)")
+    sp.add_argument(
+        "--grid", type=positive_float, required=True, help="target resolution in degrees (5.625, 2.8125, 1.40625)"
+    )
     sp.add_argument("--method", choices=["bilinear", "conservative"], default="bilinear")
     sp.add_argument("--weights", help="weights file: read if it exists, else written there for reuse")
     sp.add_argument(
@@ -157,12 +161,12 @@ def register(add) -> None:
         default="auto",
         help="who computes weights: xESMF if importable (auto), or this package (builtin)",
     )
-    sp.add_argument("--time-chunk", type=int, default=8, help="steps along the leading dimension per block")
+    sp.add_argument("--time-chunk", type=positive_int, default=8, help="steps along the leading dimension per block")
     sp.add_argument("--output", required=True, help="output .nc or .zarr")
 
     sp = add("download-era5", cmd_download_era5, "download one year of the configured ERA5 channels (ARCO-ERA5 or CDS)")
     config_arg(sp)
-    sp.add_argument("--year", type=int, required=True)
+    sp.add_argument("--year", type=positive_int, required=True)
     sp.add_argument("--source", choices=["arco", "cds"], default="arco")
     sp.add_argument("--store", help="ARCO-ERA5 Zarr store (default: the public Google Cloud store)")
     sp.add_argument("--output", required=True, help="output netCDF file")

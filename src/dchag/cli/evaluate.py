@@ -4,7 +4,7 @@ hyperspectral reconstruction and classification scores, and the comparison table
 from __future__ import annotations
 
 from ..evaluate.weather import METRICS, SCORING
-from .common import config, config_arg
+from .common import config, config_arg, nonneg_float, positive_float, positive_int
 
 
 def cmd_era5_truth(args) -> None:
@@ -139,15 +139,17 @@ def register(add) -> None:
     )
     _trained_run_args(sp, store=False)
     sp.add_argument("--data", required=True, help="normalised split store to initialise from")
-    sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
-    sp.add_argument("--batch-size", type=int, help="initial times a batch (default: evaluate.inference_batch_size)")
+    sp.add_argument("--lead-hours", type=positive_int, nargs="+", required=True)
+    sp.add_argument(
+        "--batch-size", type=positive_int, help="initial times a batch (default: evaluate.inference_batch_size)"
+    )
     sp.add_argument("--output", required=True)
 
     sp = add("baseline-forecast", cmd_baseline_forecast, "persistence or climatology forecasts in the same layout")
     sp.add_argument("--kind", choices=["persistence", "climatology"], required=True)
     sp.add_argument("--data", required=True, help="normalised split store")
     sp.add_argument("--variables", nargs="+", required=True)
-    sp.add_argument("--lead-hours", type=int, nargs="+", required=True)
+    sp.add_argument("--lead-hours", type=positive_int, nargs="+", required=True)
     sp.add_argument("--climatology", help="day-of-year climatology (needed for --kind climatology)")
     sp.add_argument("--output", required=True)
 
@@ -158,11 +160,11 @@ def register(add) -> None:
         "--climatology", help="netCDF/Zarr: (dayofyear[, hour], [level], lat, lon); required for ACC under wb2"
     )
     sp.add_argument("--convention", choices=list(SCORING), required=True)
-    sp.add_argument("--batch-size", type=int, help="climax ACC: samples per batch (default: all in one)")
+    sp.add_argument("--batch-size", type=positive_int, help="climax ACC: samples per batch (default: all in one)")
     sp.add_argument("--metrics", nargs="+", choices=list(METRICS), help="default: all three")
     sp.add_argument("--variables", nargs="+", help="default: every lat-lon variable of the forecast")
     sp.add_argument(
-        "--lead-hours", type=float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)"
+        "--lead-hours", type=nonneg_float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)"
     )
     sp.add_argument("--regrid", choices=["bilinear", "conservative"], help="regrid the forecast onto the truth's grid")
     sp.add_argument("--output", required=True, help="CSV: variable, lead_time_hours, metric, value, convention")
@@ -182,7 +184,7 @@ def register(add) -> None:
     sp.add_argument("--truth", required=True, help=".npy cube")
     sp.add_argument("--pred", required=True, help=".npy cube of the same shape")
     sp.add_argument("--band-axis", type=int, default=-1)
-    sp.add_argument("--data-range", type=float, help="for PSNR and SSIM (default: the truth's max - min)")
+    sp.add_argument("--data-range", type=positive_float, help="for PSNR and SSIM (default: the truth's max - min)")
     sp.add_argument("--output", required=True, help="JSON")
 
     sp = add("evaluate-mae", cmd_evaluate_mae, "reconstruction scores of a masked-autoencoder run on the test tiles")

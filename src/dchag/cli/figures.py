@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .common import nonneg_int
+
 KINDS = ["loss-curves", "lead-time", "forecast-maps", "hsi-reconstruction", "classification", "foundation"]
 
 
@@ -37,5 +39,5 @@ def register(add) -> None:
     )
     sp.add_argument("--truth", help="forecast-maps: the truth store")
     sp.add_argument("--variables", nargs="+", help="lead-time: variables to show; forecast-maps: the variable")
-    sp.add_argument("--lead-index", type=int, default=0, help="forecast-maps: which lead")
+    sp.add_argument("--lead-index", type=nonneg_int, default=0, help="forecast-maps: which lead")
     sp.add_argument("--output", required=True, help=".png")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import config
+from .common import config, nonneg_int, percentile, positive_int
 
 
 def cmd_demo_hsi(args) -> None:
@@ -112,10 +112,10 @@ def register(add) -> None:
         "demo-hsi", cmd_demo_hsi, "write the synthetic hyperspectral demo scene (.mat + ground truth, and ENVI images)"
     )
     sp.add_argument("--outdir", required=True)
-    sp.add_argument("--size", type=int, default=48, help="classification scene rows = cols")
-    sp.add_argument("--images", type=int, default=6, help="ENVI images for masked autoencoding")
-    sp.add_argument("--image-size", type=int, default=64, help="rows = cols of each ENVI image")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--size", type=positive_int, default=48, help="classification scene rows = cols")
+    sp.add_argument("--images", type=positive_int, default=6, help="ENVI images for masked autoencoding")
+    sp.add_argument("--image-size", type=positive_int, default=64, help="rows = cols of each ENVI image")
+    sp.add_argument("--seed", type=nonneg_int, default=0)
 
     sp = add(
         "preprocess-hsi",
@@ -142,19 +142,21 @@ def register(add) -> None:
     sp.add_argument(
         "--drop-wavelengths", nargs="*", type=_wavelength_range, help="nm ranges to drop, e.g. 1340-1450 1800-1960"
     )
-    sp.add_argument("--patch", type=int, help="classification patch size (odd)")
+    sp.add_argument("--patch", type=positive_int, help="classification patch size (odd)")
     sp.add_argument("--split", choices=["stratified", "disjoint"])
-    sp.add_argument("--block", type=int, help="disjoint split block size (default 2 x patch)")
+    sp.add_argument("--block", type=positive_int, help="disjoint split block size (default 2 x patch)")
     sp.add_argument(
         "--missing-class",
         choices=["error", "warn"],
         help="a class absent from a split stops the run (error) or is reported (warn)",
     )
-    sp.add_argument("--tile", type=int, help="tile size for masked autoencoding")
+    sp.add_argument("--tile", type=positive_int, help="tile size for masked autoencoding")
     sp.add_argument("--fractions", type=_fractions, help="train,val,test")
-    sp.add_argument("--seed", type=int)
+    sp.add_argument("--seed", type=nonneg_int)
     sp.add_argument("--class-names", help="comma-separated, in label order 1..K")
-    sp.add_argument("--ignore-labels", type=_integers, help="label values that mean 'no label' besides 0, e.g. 255")
+    sp.add_argument(
+        "--ignore-labels", type=_integers, help="label values that mean 'no label' besides 0 (default: 255,65535)"
+    )
     sp.add_argument(
         "--noncontiguous-labels", choices=["remap", "error"], help="class values with gaps: renumber 1..K or stop"
     )
@@ -162,7 +164,11 @@ def register(add) -> None:
     sp.add_argument("--detector-overlap", choices=["swir", "vnir"], help="PRISMA: the detector kept where they overlap")
     sp.add_argument("--nan-policy", choices=["fail", "fill"])
     sp.add_argument(
-        "--clip", type=float, nargs=2, metavar=("LO", "HI"), help="clip to these percentiles of the training pixels"
+        "--clip",
+        type=percentile,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="clip to these percentiles of the training pixels",
     )
-    sp.add_argument("--band-chunk", type=int)
+    sp.add_argument("--band-chunk", type=positive_int)
     sp.add_argument("--output", required=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..paper.sweep import FIGURES
-from .common import config, config_arg, pairs
+from .common import config, config_arg, pairs, positive_int
 
 
 def cmd_paper_point(args) -> None:
@@ -31,7 +31,9 @@ def register(add) -> None:
     config_arg(sp)
     sp.add_argument("--point", required=True, help="a point name of the config's paper sweeps")
     sp.add_argument("--output", required=True, help="result JSON")
-    sp.add_argument("--threads-per-rank", type=int, help="CPU threads of each rank (default: paper.threads_per_rank)")
+    sp.add_argument(
+        "--threads-per-rank", type=positive_int, help="CPU threads of each rank (default: paper.threads_per_rank)"
+    )
 
     sp = add(
         "paper-figure",

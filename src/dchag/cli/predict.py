@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .common import config_arg
+from .common import config_arg, positive_int
 
 
 def _training_store(cfg: dict, run: str, data: str | None) -> str:
@@ -98,10 +98,10 @@ def register(add) -> None:
     )
     sp.add_argument("--init-start", help="forecast: the first initialisation time (default: the first there)")
     sp.add_argument("--init-end", help="forecast: the last initialisation time (default: the last there)")
-    sp.add_argument("--lead-hours", type=int, nargs="+", help="forecast: lead times in hours")
+    sp.add_argument("--lead-hours", type=positive_int, nargs="+", help="forecast: lead times in hours")
     sp.add_argument("--image", help="hyperspectral: the image (any kind the hsi readers take)")
     sp.add_argument("--image-key", help="hyperspectral: the image's variable in a .mat file")
-    sp.add_argument("--batch-size", type=int, default=16)
+    sp.add_argument("--batch-size", type=positive_int, default=16)
     sp.add_argument(
         "--output",
         required=True,

@@ -4,7 +4,7 @@ of several runs, and the model's parameter counts."""
 from __future__ import annotations
 
 from ..vocabulary import Task
-from .common import config, config_arg
+from .common import config, config_arg, nonneg_int, positive_int
 
 
 def _stores(args, cfg: dict, task: str) -> dict[str, str]:
@@ -143,7 +143,9 @@ def register(add) -> None:
     )
     config_arg(sp)
     sp.add_argument("--task", choices=[t.value for t in Task], default=Task.FORECAST.value)
-    sp.add_argument("--channels", type=int, help="count for this many input channels instead of the config's")
-    sp.add_argument("--groups", type=int, help="channel groups / TP ranks (default: parallel.tp)")
-    sp.add_argument("--num-classes", type=int, default=0, help="the classifier's classes (--task classification)")
+    sp.add_argument("--channels", type=positive_int, help="count for this many input channels instead of the config's")
+    sp.add_argument("--groups", type=positive_int, help="channel groups / TP ranks (default: parallel.tp)")
+    sp.add_argument(
+        "--num-classes", type=nonneg_int, default=0, help="the classifier's classes (--task classification)"
+    )
     sp.add_argument("--json", action="store_true")

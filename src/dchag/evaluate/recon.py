@@ -47,6 +47,8 @@ def _prepare(truth, pred, band_axis: int) -> tuple[np.ndarray, np.ndarray]:
         raise ReconError(f"truth and reconstruction differ in shape: {t.shape} vs {p.shape}")
     if t.ndim < 3:
         raise ReconError(f"expected a cube with a band axis and two spatial axes, got shape {t.shape}")
+    if not -t.ndim <= band_axis < t.ndim:
+        raise ReconError(f"band axis {band_axis}: the cubes have {t.ndim} axes (shape {t.shape})")
     t, p = np.moveaxis(t, band_axis, -3), np.moveaxis(p, band_axis, -3)
     if not (np.all(np.isfinite(t)) and np.all(np.isfinite(p))):
         raise ReconError("truth or reconstruction contains NaN or infinite values")

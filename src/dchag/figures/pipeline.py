@@ -95,7 +95,10 @@ def forecast_maps(
                 f"forecast maps: variable {var!r} is not in {path} and its truth {truth} "
                 f"(evaluate.map_variable; they hold {', '.join(map(str, f.data_vars))})"
             )
-        lead = f["prediction_timedelta"].values[lead_index]
+        leads = f["prediction_timedelta"].values
+        if lead_index >= leads.size:
+            raise InputError(f"forecast maps: lead index {lead_index}, but {path} has {leads.size} lead(s)")
+        lead = leads[lead_index]
         init = f.time.values[time_index]
         fc = f[var].sel(time=init, prediction_timedelta=lead)
         rows.append((run_name(path), fc, t[var].sel(time=init + lead)))

@@ -181,6 +181,8 @@ def select_bands(
         keep[parse_band_spec(drop_bands, num_bands)] = False
         how.append(f"dropped bands {drop_bands} (1-based)")
     for lo, hi in drop_wavelengths or []:
+        if not 0 <= lo <= hi:
+            raise BandError(f"hsi.drop_wavelengths [{lo:g}, {hi:g}]: expected a range [LO, HI] in nm, 0 <= LO <= HI")
         if wavelengths is None:
             raise BandError(f"{source}: drop_wavelengths given, but the image has no wavelengths")
         keep &= ~((wavelengths >= lo) & (wavelengths <= hi))

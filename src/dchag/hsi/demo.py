@@ -171,9 +171,13 @@ def write_envi(outdir: Path, count: int = 3, rows: int = 48, cols: int = 48, see
 def write_demo(outdir: str | Path, size: int = 48, images: int = 6, image_size: int = 64, seed: int = 0) -> None:
     """The demo: a ``size`` x ``size`` labelled scene (.mat) and ``images`` ENVI images of
     ``image_size`` x ``image_size`` in ``outdir/envi``."""
-    for what, value, least in (("size", size, 16), ("image size", image_size, 16), ("images", images, 1)):
-        if value < least:
-            raise HsiInputError(f"demo-hsi {what} {value}: expected at least {least}")
+    for what, value, least, most in (
+        ("size", size, 16, 2048),  # 2048 x 2048 x 200 bands: 3 GiB in float32
+        ("image size", image_size, 16, 2048),
+        ("images", images, 1, 1000),
+    ):
+        if not least <= value <= most:
+            raise HsiInputError(f"demo-hsi {what} {value}: expected {least} to {most}")
     outdir = Path(outdir)
     write_mat(outdir, size, size, seed=seed)
     write_envi(outdir / "envi", count=images, rows=image_size, cols=image_size, seed=seed + 100)

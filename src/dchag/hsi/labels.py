@@ -2,8 +2,8 @@
 
 A label raster holds non-negative integers; 0 means unlabelled, and so do the file's own
 nodata value (GeoTIFF nodata, ENVI data ignore value) and the values of
-``hsi.classification.ignore_labels`` (255 by default: the usual no-data value of 8-bit label
-rasters). The remaining values are the classes. When they are not 1..K without gaps (e.g.
+``hsi.classification.ignore_labels`` (255 and 65535 by default: the usual no-data values of
+8- and 16-bit label rasters). The remaining values are the classes. When they are not 1..K without gaps (e.g.
 1, 2, 5) they are renumbered in increasing order (``noncontiguous_labels: remap``, the
 default; the original value of each class is stored as ``label_values``) or refused
 (``error``)."""

@@ -58,6 +58,17 @@ def _open_tiff(path: str):
         ) from err
 
 
+def _read(ds, path: str, **kwargs) -> np.ndarray:
+    """``ds.read(**kwargs)``; a file that opens but whose pixels cannot be read (truncated,
+    corrupt) is an error naming it."""
+    try:
+        return ds.read(**kwargs)
+    except _rasterio(path).errors.RasterioError as err:
+        raise HsiInputError(
+            f"GeoTIFF {path}: its pixels cannot be read ({err}); the file is truncated or corrupt, download it again"
+        ) from err
+
+
 def enmap_metadata_xml(path: str | Path) -> Path | None:
     """The EnMAP product's ``-METADATA.XML`` beside its ``-SPECTRAL_IMAGE`` GeoTIFF, if there."""
     p = Path(path)
@@ -131,7 +142,7 @@ def _band_items(ds, item: str, imagery: str | None) -> tuple[list | None, str | 
     return None, None
 
 
-def _empty_bands(ds, nodata: float) -> np.ndarray:
+def _empty_bands(ds, nodata: float, path: str) -> np.ndarray:
     """True for each band that holds the fill value in every pixel (EnMAP's bad bands), read
     in row blocks of about 64 MB."""
     seen = np.zeros(ds.count, bool)
@@ -139,7 +150,7 @@ def _empty_bands(ds, nodata: float) -> np.ndarray:
 
     step = max(1, (64 << 20) // max(1, ds.width * ds.count * np.dtype(ds.dtypes[0]).itemsize))
     for r0 in range(0, ds.height, step):
-        a = ds.read(window=Window(0, r0, ds.width, min(step, ds.height - r0)))
+        a = _read(ds, path, window=Window(0, r0, ds.width, min(step, ds.height - r0)))
         valid = ~np.isnan(a) if np.isnan(nodata) else a != nodata
         seen |= valid.reshape(ds.count, -1).any(axis=1)
         if seen.all():
@@ -149,8 +160,12 @@ def _empty_bands(ds, nodata: float) -> np.ndarray:
 
 def _georeference(ds) -> tuple[dict, bool]:
     """CRS and affine transform (x0, dx, rx, y0, ry, dy in GDAL's order) of a rasterio dataset,
-    and whether its rows run south to north (then flipped to north-up on reading)."""
+    and whether its rows run south to north (then flipped to north-up on reading). A file
+    without either (rasterio's identity transform, whose rows would seem to run south to north)
+    has no georeference and is read as stored."""
     t = ds.transform
+    if ds.crs is None and t.is_identity and not ds.gcps[0]:
+        return {}, False
     flip = t.e > 0 and t.b == 0 and t.d == 0
     if flip:  # the first row of the flipped raster is the file's last
         gt = (t.c, t.a, t.b, t.f + t.e * ds.height, t.d, -t.e)
@@ -192,7 +207,7 @@ def read_geotiff(path: str) -> HyperspectralImage:
         bbl = check_band_list(bbl_values, "bbl", count, source)
         bbl_source = f"the bbl items of {Path(path).name}"
         if bbl is None and nodata is not None:
-            empty = _empty_bands(ds, nodata)
+            empty = _empty_bands(ds, nodata, path)
             if empty.any():
                 bbl, bbl_source = (~empty).astype(float), f"bands of {Path(path).name} holding only the fill value"
         geo, flip = _georeference(ds)
@@ -213,7 +228,7 @@ def read_geotiff(path: str) -> HyperspectralImage:
 
     def raw(b: np.ndarray) -> np.ndarray:
         with _open_tiff(path) as src:
-            a = src.read(indexes=[int(i) + 1 for i in b])  # (n, rows, cols)
+            a = _read(src, path, indexes=[int(i) + 1 for i in b])  # (n, rows, cols)
         a = np.moveaxis(a, 0, -1)
         return a[::-1] if flip else a
 
@@ -236,7 +251,7 @@ def read_geotiff_labels(path: str) -> LabelMap:
         if ds.count != 1:
             raise HsiInputError(f"label GeoTIFF {path} has {ds.count} bands; expected one band of class numbers")
         geo, flip = _georeference(ds)
-        values = ds.read(1)
+        values = _read(ds, path, indexes=1)
         nodata = ds.nodata
     return LabelMap(path, values[::-1] if flip else values, nodata, geo)
 
@@ -281,6 +296,13 @@ def read_prisma(path: str, detector_overlap: str) -> HyperspectralImage:
             cw = check_band_list(attrs[f"List_Cw_{name}"], f"List_Cw_{name}", shape[1], f"{path} {det}_Cube")
             fw = check_band_list(attrs[f"List_Fwhm_{name}"], f"List_Fwhm_{name}", shape[1], f"{path} {det}_Cube")
             lo, hi = float(attrs[f"L2Scale{name}Min"][0]), float(attrs[f"L2Scale{name}Max"][0])
+            bad = ~np.isfinite(cw) | (cw < 0)
+            if bad.any() or not (cw > 0).any():
+                found = f"{cw[bad][0]} at band {np.flatnonzero(bad)[0]}" if bad.any() else f"all {cw.size} are 0"
+                raise HsiInputError(
+                    f"{path}: List_Cw_{name} gives no usable band centres ({found}); expected the {det} "
+                    "bands' centres in nm (0 for an unused band)"
+                )
             used = np.flatnonzero(cw > 0)
             order = used[np.argsort(cw[used], kind="stable")]
             parts[det] = {
@@ -387,7 +409,7 @@ def read_emit(path: str) -> HyperspectralImage:
         good = group["good_wavelengths"][:] if "good_wavelengths" in group.variables else None
         bbl = check_band_list(np.asarray(good, float), "good_wavelengths", bands, source) if good is not None else None
         fill = getattr(var, "_FillValue", None)
-        geo = {k: str(getattr(nc, k)) for k in ("geotransform", "spatial_ref") if k in nc.ncattrs()}
+        geo = _emit_grid(nc, path)
         dims = var.dimensions
 
     def raw(b: np.ndarray) -> np.ndarray:
@@ -419,3 +441,26 @@ def read_emit(path: str) -> HyperspectralImage:
         },
         _raw=raw,
     )
+
+
+def _emit_grid(nc, path: str) -> dict:
+    """EMIT's map grid: the global ``geotransform`` (six numbers in GDAL's order, an array
+    attribute or its text) and ``spatial_ref`` (WKT) describe the grid of the location group's
+    lookup table, not the sensor-geometry image, so they are kept under names of their own
+    (``grid_geotransform``, ``grid_crs``) and no label raster is written on that grid."""
+    attrs = nc.ncattrs()
+    if "geotransform" not in attrs:
+        return {}
+    value = nc.geotransform
+    text = value if isinstance(value, str) else " ".join(map(str, np.asarray(value).ravel()))
+    numbers = re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf", text.strip("[]()"), re.IGNORECASE)
+    gt = [float(v) for v in numbers]
+    if len(gt) != 6 or not np.isfinite(gt).all() or gt[1] == 0 or gt[5] == 0:
+        raise HsiInputError(
+            f"{path}: geotransform = {text[:100]!r}; expected six finite numbers in GDAL's order "
+            "(x0, dx, rx, y0, ry, dy)"
+        )
+    grid = {"grid_geotransform": gt, "grid": "the map grid of location/glt_x, glt_y (the image is in sensor geometry)"}
+    if "spatial_ref" in attrs:
+        grid["grid_crs"] = str(nc.spatial_ref)
+    return grid

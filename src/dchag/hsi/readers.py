@@ -47,6 +47,13 @@ def read_envi(path: str) -> HyperspectralImage:
     if hdr is None:
         raise HsiInputError(f"{path}: not a recognised image ({KNOWN}), and no ENVI header beside it")
     try:
+        code = str(envi.read_envi_header(str(hdr)).get("data type", "")).strip()
+    except Exception as err:
+        raise HsiInputError(f"cannot read ENVI header {hdr}: {type(err).__name__}: {err}") from err
+    if code not in envi.envi_to_dtype:
+        known = ", ".join(f"{k} ({np.dtype(v).name})" for k, v in envi.envi_to_dtype.items())
+        raise HsiInputError(f"ENVI header {hdr}: data type = {code or '(none)'}; expected one of {known}")
+    try:
         img = envi.open(str(hdr))
     except Exception as err:
         raise HsiInputError(f"cannot open ENVI image {hdr}: {type(err).__name__}: {err}") from err

@@ -17,8 +17,10 @@ the file (the same product as the training images).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -94,9 +96,43 @@ def _png(image: np.ndarray, output: Path, title: str, cmap: str, labels: list[st
     plt.close(fig)
 
 
-def _geotiff(labels: np.ndarray, georeference: dict, output: Path) -> None:
+def _label_grid(img) -> dict | None:
+    """The CRS and transform of a label GeoTIFF on the image's grid (None: the image has no
+    map grid of its own), checked before anything is written."""
+    georef = img.meta.get("georeference") or {}
+    if not georef.get("geotransform"):
+        return None
     import rasterio
     from rasterio.transform import Affine
+
+    try:
+        gt = [float(v) for v in georef["geotransform"]]
+        transform = Affine.from_gdal(*gt)
+        crs = rasterio.crs.CRS.from_user_input(georef["crs"]) if georef.get("crs") else None
+    except (TypeError, ValueError, rasterio.errors.CRSError) as err:
+        raise PredictError(
+            f"{img.path}: georeference {json.dumps(georef)[:200]} is not a CRS and six numbers ({err})"
+        ) from None
+    return {"crs": crs, "transform": transform}
+
+
+@contextlib.contextmanager
+def _all_or_none(written: list[Path]):
+    """The outputs of one call: when writing one of them fails, those already written
+    (``written``, appended as each is done) are removed, so no half of a result is left."""
+    try:
+        yield
+    except BaseException:
+        for path in written:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        raise
+
+
+def _geotiff(labels: np.ndarray, grid: dict, output: Path) -> None:
+    import rasterio
 
     with atomic_path(output) as tmp:
         with rasterio.open(
@@ -107,9 +143,8 @@ def _geotiff(labels: np.ndarray, georeference: dict, output: Path) -> None:
             width=labels.shape[1],
             count=1,
             dtype="int16",
-            crs=georeference.get("crs"),
-            transform=Affine.from_gdal(*georeference["geotransform"]),
             nodata=0,
+            **grid,
         ) as dst:
             dst.write(labels.astype(np.int16), 1)
 
@@ -140,6 +175,7 @@ def classify_scene(
     from ..hsi.samples import extract_patches
 
     x, missing, img = read_scene(model, image, key)
+    grid = _label_grid(img)
     rows, cols = missing.shape
     p = model.meta["sample_size"]
     names = model.meta.get("class_names") or [str(i + 1) for i in range(model.config.num_classes)]
@@ -180,10 +216,13 @@ def classify_scene(
     )
     write_zarr(ds, out, kind="classification", inputs=(image, model.source))
     made = {"zarr": out, "png": out.with_suffix(".png")}
-    _png(np.where(missing, np.nan, labels - 1.0), made["png"], f"classes of {Path(image).name}", "tab20", names)
-    if georef and georef.get("geotransform"):
-        made["geotiff"] = out.with_suffix(".tif")
-        _geotiff(labels, georef, made["geotiff"])
+    written = [out]
+    with _all_or_none(written):
+        _png(np.where(missing, np.nan, labels - 1.0), made["png"], f"classes of {Path(image).name}", "tab20", names)
+        written.append(made["png"])
+        if grid is not None:
+            made["geotiff"] = out.with_suffix(".tif")
+            _geotiff(labels, grid, made["geotiff"])
     return made
 
 
@@ -272,5 +311,6 @@ def reconstruct_image(
     write_zarr(ds, out, kind="reconstruction", inputs=(image, model.source))
     band = int(np.argmin(np.abs(np.asarray(wl) - 650))) if np.isfinite(wl).all() else bands // 2
     side = np.concatenate([truth[band], pred[band]], axis=1)
-    _png(side, out.with_suffix(".png"), f"band {band}: image | reconstruction", "viridis")
+    with _all_or_none([out]):
+        _png(side, out.with_suffix(".png"), f"band {band}: image | reconstruction", "viridis")
     return {"zarr": out, "png": out.with_suffix(".png"), "scores": scores}
