@@ -15,14 +15,10 @@ from dchag import cli
 from dchag.cli import common
 
 # Numeric flags left as plain int/float on purpose: any raw value (NaN too) may mark a
-# missing pixel; a negative band axis counts from the end (checked against the cubes);
-# launch-train's flags are checked with the rest of that command.
+# missing pixel; a negative band axis counts from the end (checked against the cubes).
 UNRANGED = {
     ("preprocess-hsi", "--nodata"),
     ("score-recon", "--band-axis"),
-    ("launch-train", "--nproc"),
-    ("launch-train", "--max-restarts"),
-    ("launch-train", "--threads-per-rank"),
 }
 
 

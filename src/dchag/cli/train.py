@@ -126,11 +126,11 @@ def register(add) -> None:
     sp.add_argument("--run-name", dest="run", required=True)
     sp.add_argument("--output", required=True)
     _train_data_args(sp)
-    sp.add_argument("--nproc", type=int, help="processes per node (default: train.nproc)")
-    sp.add_argument("--max-restarts", type=int, help="default: train.max_restarts")
+    sp.add_argument("--nproc", type=positive_int, help="processes per node (default: train.nproc)")
+    sp.add_argument("--max-restarts", type=nonneg_int, help="default: train.max_restarts")
     sp.add_argument(
         "--threads-per-rank",
-        type=int,
+        type=positive_int,
         help="OpenMP/MKL/BLAS threads of each rank (default: the environment's, as torchrun passes them)",
     )
 
