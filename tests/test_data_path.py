@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import zarr
 
@@ -104,3 +105,112 @@ def test_every_hyperspectral_store_and_prediction_is_float32(tmp_path):
     classify_scene(classifier, str(tmp_path / "img.mat"), str(tmp_path / "map.zarr"))
     reconstruct_image(mae, str(images[0]), str(tmp_path / "recon.zarr"), None, 2)
     assert_float32([Path(patches), Path(tiles), tmp_path / "map.zarr", tmp_path / "recon.zarr"])
+
+
+# -- the loader: a batch's chunks in one concurrent read ----------------------------------------
+def _float64_copy(store: Path, out: Path) -> Path:
+    """``store`` as the writers made it before their stores were float32: data float64, same chunks."""
+    import xarray as xr
+
+    from dchag.store import channel_chunks, compressors
+
+    ds = xr.open_zarr(store, consolidated=False).load().drop_encoding()
+    ds["data"] = ds["data"].astype(np.float64)
+    encoding = {"data": {**channel_chunks(ds["data"].shape, 32), "compressors": compressors()}}
+    ds.to_zarr(out, zarr_format=3, consolidated=False, encoding=encoding)
+    return out
+
+
+def test_a_batch_from_zarr_is_the_one_from_memory_and_zarrs_own_reads_bit_for_bit(data_root, tmp_path):
+    """One D-CHAG rank of 2 (a scattered half of the channels) and the outputs: a batch read in
+    one concurrent read equals zarr-python's reads of the same steps and channels and the
+    in-memory copy's, repeated samples included; a float64 store of earlier versions reads as
+    the same float32 values."""
+    from dchag.store import open_store
+    from dchag.train.data import ForecastDataset
+
+    root, _ = data_root
+    store = root / "era5" / "train.zarr"
+    names = [str(c) for c in open_store(store).channel.values]
+    channels = names[::-1]  # the run's order is not the store's
+    rank = [0, 2, 3, 5]
+    outputs = ["t2m", "z500"]
+    array = zarr.open_array(store=str(store), path="data", mode="r")
+    assert array.dtype == np.float32
+    old = _float64_copy(store, tmp_path / "old.zarr")
+    for path in (store, old):
+        args = (path, channels, rank, outputs, (24, 48), 5)
+        from_zarr, cached = ForecastDataset(*args), ForecastDataset(*args, cache_bytes=2**30)
+        assert from_zarr.x_mem is None and cached.x_mem is not None and cached.x_mem.dtype == np.float32
+        batch = [6, 0, 3, 6, 1]
+        want_x = [names.index(channels[r]) for r in rank]
+        want_y = [names.index(o) for o in outputs]
+        for got, mem in zip(from_zarr.__getitems__(batch), cached.__getitems__(batch)):
+            assert all(torch.equal(a, b) and a.dtype == torch.float32 for a, b in zip(got, mem))
+        for i, (x, lead, y) in zip(batch, from_zarr.__getitems__(batch)):
+            t = int(from_zarr.anchors[i])
+            later = t + int(lead) // 24
+            assert np.array_equal(x.numpy(), array.get_orthogonal_selection((t, want_x)))
+            assert np.array_equal(y.numpy(), array.get_orthogonal_selection((later, want_y)))
+
+
+LOADER_SCRIPT = """
+import sys, torch
+from torch.utils.data import DataLoader
+from dchag.train.data import ForecastDataset, ResumableSampler
+from dchag.train.trainer import _collate
+
+store, names = sys.argv[1], sys.argv[2].split(",")
+ds = ForecastDataset(store, names, [1, 2, 3], ["z500"], (24, 24), 0)
+sampler = ResumableSampler(len(ds), 1, 0, seed=2)
+
+def batches(workers):
+    return list(DataLoader(ds, batch_size=3, sampler=sampler, num_workers=workers, collate_fn=_collate))
+
+forked = batches(2)  # the workers read with tensorstore
+print("read in this process", file=sys.stderr, flush=True)
+main = batches(0)
+again = batches(2)  # forked after this process read with tensorstore: zarr
+assert len(main) == len(forked) == len(again) > 1
+for a, b, c in zip(main, forked, again):
+    assert all(torch.equal(u, v) and torch.equal(u, w) for u, v, w in zip(a, b, c))
+print("same batches")
+"""
+
+
+def test_loader_workers_read_the_batches_the_main_process_reads(data_root):
+    """The DataLoader's forked workers read with tensorstore, and give the batches the training
+    process reads; workers forked after the training process read with tensorstore (which
+    they could not use) read with zarr, say so, and give the same batches."""
+    import subprocess
+    import sys
+
+    from dchag.store import open_store
+
+    root, _ = data_root
+    store = root / "era5" / "train.zarr"
+    names = [str(c) for c in open_store(store).channel.values]
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADER_SCRIPT, str(store), ",".join(names)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "same batches" in proc.stdout, proc.stderr[-3000:]
+    before, after = proc.stderr.split("read in this process")
+    assert "read with zarr" not in before and "read with zarr, slowly" in after, proc.stderr
+
+
+def test_a_damaged_shard_is_one_error_naming_the_store(data_root, tmp_path):
+    import shutil
+
+    from dchag.store import open_store
+    from dchag.train.data import DataError, ForecastDataset
+
+    root, _ = data_root
+    store = tmp_path / "train.zarr"
+    shutil.copytree(root / "era5" / "train.zarr", store)
+    shard = next(p for p in sorted((store / "data" / "c").rglob("*")) if p.is_file())
+    shard.write_bytes(shard.read_bytes()[:-100])
+    names = [str(c) for c in open_store(store).channel.values]
+    ds = ForecastDataset(store, names, [0, 1], ["z500"], (24, 24), 0)
+    with pytest.raises(DataError, match=f"cannot read array 'data' of {store}") as err:
+        ds.__getitems__([0, 1, 2])
+    assert "\n" not in str(err.value)
