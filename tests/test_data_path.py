@@ -214,3 +214,49 @@ def test_a_damaged_shard_is_one_error_naming_the_store(data_root, tmp_path):
     with pytest.raises(DataError, match=f"cannot read array 'data' of {store}") as err:
         ds.__getitems__([0, 1, 2])
     assert "\n" not in str(err.value)
+
+
+def test_the_loader_benchmark_measures_every_source_side_by_side(tmp_path):
+    """benchmarks/loader_benchmark.py --quick: its store from the real writers, every source and
+    worker count measured in one run, the report from the JSON (numbers of a smoke test, not
+    a measurement)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "loader"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "loader_benchmark.py"), "--quick"]
+    proc = subprocess.run(
+        [*cmd, "--output", str(out), "--workdir", str(tmp_path / "work")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    for source in ("dchag_cold", "dchag_cached", "memory"):
+        for w in (0, 1, 2):
+            assert row[f"{source}_w{w}"] > 0 and row[f"{source}_w{w}_mb_s"] > 0
+    assert row["tensorstore_cold_w0"] > 0 and row["tensorstore_cached_w0"] > 0 and row["zarr_python_cached_w0"] > 0
+    assert (row["grid"], row["tp"], row["channels"], row["outputs"]) == (5.625, 8, 10, 5)
+    md = out.with_suffix(".md").read_text()
+    assert "dchag / tensorstore (cached)" in md and "shared with other" in md
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_committed_loader_benchmark_shows_the_rates_the_readme_states():
+    """benchmarks/results/loader.json: at both grids every rank's batches from Zarr (no cache,
+    page-cached) come at half tensorstore's concurrent read of the same chunks or more, and at
+    5.625 deg a rank of D-CHAG over 8 (10 channels and the 5 outputs) at 10 times zarr-python's
+    reads a chunk per call (the loader before) or more."""
+    import json
+
+    from conftest import REPO
+
+    doc = json.loads((REPO / "benchmarks" / "results" / "loader.json").read_text())
+    rows = [r for r in doc["rows"] if not r["one_core"]]
+    assert sorted((r["grid"], r["tp"]) for r in rows) == [(g, t) for g in (1.40625, 5.625) for t in (1, 2, 4, 8)]
+    for r in rows:
+        assert r["dchag_cached_w0"] >= 0.5 * r["tensorstore_cached_w0"], r
+    (rank,) = [r for r in rows if r["grid"] == 5.625 and r["tp"] == 8]
+    assert (rank["channels"], rank["outputs"]) == (10, 5)
+    assert rank["dchag_cached_w0"] >= 10 * rank["zarr_python_cached_w0"], rank

@@ -84,7 +84,15 @@ class ChunkReader:
             return self._array
         import tensorstore as ts
 
-        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(Path(self.store) / self.path)}}
+        # A store is written under a temporary name and renamed when complete, never changed
+        # in place: tensorstore need not check whether what it read is still current (1.2-1.3x
+        # faster at 5.625 deg)
+        spec = {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": str(Path(self.store) / self.path)},
+            "recheck_cached_data": False,
+            "recheck_cached_metadata": False,
+        }
         _TENSORSTORE_PID = self._pid
         try:
             self._array = ts.open(spec, read=True).result()
