@@ -261,3 +261,19 @@ def test_the_committed_loader_benchmark_shows_the_rates_the_readme_states():
     (rank,) = [r for r in coarse if r["tp"] == 8]
     assert (rank["channels"], rank["outputs"]) == (10, 5)
     assert rank["dchag_cached_w0"] >= 10 * rank["zarr_python_cached_w0"], rank
+
+
+def test_training_from_zarr_with_workers_equals_training_from_memory(data_root, tmp_path):
+    """A D-CHAG run on 2 ranks whose batches come from Zarr (cache_mb 0) through a DataLoader
+    worker each ends with the weights of the same run read from memory, bit for bit."""
+    from test_train import final_weights, finish, run_config, torchrun
+
+    root, base = data_root
+    weights = {}
+    for name, extra in (("zarr", {"cache_mb": 0, "num_workers": 1}), ("memory", {})):
+        out = tmp_path / name
+        text = finish(torchrun(run_config(base, steps=4, checkpoint_every=4, val_every=4, **extra), out, root), out)
+        assert (out / "final" / ".metadata").exists() and "read with zarr" not in text, text[-3000:]
+        weights[name] = final_weights(out)
+    assert weights["zarr"].keys() == weights["memory"].keys()
+    assert all(torch.equal(weights["zarr"][k], weights["memory"][k]) for k in weights["zarr"])
