@@ -108,6 +108,12 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     train = open_store(results / "train.zarr").data.values
     assert np.abs(train.mean(axis=(0, 2, 3))).max() < 1e-3
     assert (tmp_path / "logs" / "demo" / "era5_year_2016.log").exists()
+    # Every field the pipeline wrote, in every store under results/, is float32 on disk.
+    from test_data_path import float_arrays
+
+    stores = [p for p in (tmp_path / "results").rglob("*.zarr") if (p / "zarr.json").exists()]
+    wrong = {f"{p}:{k}": str(v) for p in stores for k, v in float_arrays(p).items() if v != np.float32}
+    assert len(stores) >= 6 and not wrong, wrong
     # Both hyperspectral stores, read by the .mat (patches) and ENVI (tiles) readers.
     import xarray as xr
 

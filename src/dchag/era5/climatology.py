@@ -200,8 +200,8 @@ def combine_climatology(part_stores: list[str | Path], output: str | Path, confi
 
     skeleton = xr.Dataset(coords=coords)
     for name in names:
-        skeleton[name] = (dims, da.zeros(shape, np.float32, chunks=shape))
-        skeleton[f"{name}_time_mean"] = (("lat", "lon"), da.zeros(shape[-2:], np.float32, chunks=shape[-2:]))
+        skeleton[name] = (dims, da.zeros(shape, dtype=np.float32, chunks=shape))
+        skeleton[f"{name}_time_mean"] = (("lat", "lon"), da.zeros(shape[-2:], dtype=np.float32, chunks=shape[-2:]))
     skeleton.attrs = {
         "description": "climatologies for ACC: day-of-year (61-day circular smoothing) and time mean",
         "years": list(a["years"]),

@@ -93,8 +93,10 @@ def _lay_out(
     ny, nx = len(first.lat), len(first.lon)
     shape = (layout.steps, len(first.names), ny, nx)
     times = np.concatenate([y.times.values for y in years])
+    # dtype by keyword: dask ignores a positional one (and the store was float64)
+    empty = da.zeros(shape, dtype=np.float32, chunks=(layout.shard, *shape[1:]))
     ds = xr.Dataset(
-        {"data": (("time", "channel", "lat", "lon"), da.zeros(shape, np.float32, chunks=(layout.shard, *shape[1:])))},
+        {"data": (("time", "channel", "lat", "lon"), empty)},
         coords={
             "time": times,
             "channel": np.arange(shape[1]),

@@ -235,7 +235,7 @@ def forecast(
     with atomic_path(output, "forecast") if run.writer else contextlib.nullcontext() as tmp, torch.no_grad():
         if run.writer:
             shape = (n, len(lead_hours), len(lat), len(lon))
-            empty = {o: da.zeros(shape, np.float32, chunks=(width, 1, len(lat), len(lon))) for o in outputs}
+            empty = {o: da.zeros(shape, dtype=np.float32, chunks=(width, 1, len(lat), len(lon))) for o in outputs}
             template = dataset(empty, inputs.times).chunk({"time": width, "prediction_timedelta": 1})
             encoding = {v: {"compressors": compressors()} for v in template.data_vars}
             template.to_zarr(tmp, zarr_format=3, consolidated=False, compute=False, mode="w", encoding=encoding)

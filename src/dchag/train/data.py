@@ -2,7 +2,8 @@
 
 Under D-CHAG, tensor-parallel rank r's tokenizer holds channel block r; the datasets take
 those channel ids and read only that block (one chunk per time step and channel for ERA5,
-band-group chunks for hyperspectral data), so I/O per rank falls with T.
+band-group chunks for hyperspectral data), so I/O per rank falls with T. A batch's chunks are
+read in one concurrent read (:class:`ChunkReader`).
 
 Randomness (lead times) is a pure function of (seed, epoch, index), and the sampler can
 start mid-epoch, so a resumed run sees exactly the batches an uninterrupted one would.
@@ -10,6 +11,8 @@ start mid-epoch, so a resumed run sees exactly the batches an uninterrupted one 
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,8 @@ import zarr
 from torch.utils.data import Dataset, Sampler
 
 from ..store import InputError, select_channels
+
+log = logging.getLogger(__name__)
 
 
 class DataError(InputError):
@@ -43,6 +48,76 @@ def _attrs(store: str | Path, group: str = "") -> dict:
         raise DataError(f"cannot read group {group or '/'!r} of {store}: {err}") from err
 
 
+# The process that started tensorstore's threads: a process forked from it (a DataLoader
+# worker) cannot use tensorstore (it aborts), so the training process leaves the reads to its
+# workers when it has any (the in-memory copies are read with zarr).
+_TENSORSTORE_PID: int | None = None
+
+
+class ChunkReader:
+    """A Zarr array of a local store read through tensorstore: the chunks of a batch (every
+    selection given to :meth:`read`) are read and decoded concurrently in one call, where
+    zarr-python reads a chunk at a time at about half a millisecond each (one rank's batches
+    at 5.625 deg: benchmarks/results/loader.md). The array is opened in each process on first
+    use; a process forked from one that used tensorstore reads with zarr (the same values,
+    slowly) and says so."""
+
+    def __init__(self, store: str | Path, path: str):
+        self.store, self.path = str(store), path
+        self._array, self._pid = None, None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_array": None, "_pid": None}
+
+    def _open(self):
+        global _TENSORSTORE_PID
+        if self._pid == os.getpid():
+            return self._array
+        self._pid = os.getpid()
+        if _TENSORSTORE_PID not in (None, self._pid):
+            log.warning(
+                "%s: read with zarr, slowly: this process was forked from one that read with tensorstore "
+                "(read nothing in the training process before its DataLoader workers start)",
+                self.store,
+            )
+            self._array = zarr.open_array(store=self.store, path=self.path, mode="r")
+            return self._array
+        import tensorstore as ts
+
+        # A store is written under a temporary name and renamed when complete, never changed
+        # in place: tensorstore need not check whether what it read is still current (1.2-1.3x
+        # faster at 5.625 deg)
+        spec = {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": str(Path(self.store) / self.path)},
+            "recheck_cached_data": False,
+            "recheck_cached_metadata": False,
+        }
+        _TENSORSTORE_PID = self._pid
+        try:
+            self._array = ts.open(spec, read=True).result()
+        except Exception as err:
+            raise DataError(f"cannot read array {self.path!r} of {self.store}: {_first_line(err)}") from err
+        return self._array
+
+    def read(self, *selections: tuple) -> list[np.ndarray]:
+        """Each orthogonal selection (an index array or a slice per dimension, as
+        ``zarr.Array.get_orthogonal_selection`` takes) as float32; all read at once."""
+        array = self._open()
+        try:
+            if isinstance(array, zarr.Array):
+                out = [array.get_orthogonal_selection(sel) for sel in selections]
+            else:
+                out = [f.result() for f in [array.oindex[sel].read() for sel in selections]]
+        except Exception as err:  # a damaged chunk or shard file
+            raise DataError(f"cannot read array {self.path!r} of {self.store}: {_first_line(err)}") from err
+        return [np.asarray(a).astype(np.float32, copy=False) for a in out]
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def _block_bytes(array: zarr.Array, channels: int) -> int:
     """Bytes of ``channels`` channels (axis 1) of every sample of ``array`` as float32."""
     return array.shape[0] * channels * int(np.prod(array.shape[2:])) * 4
@@ -64,13 +139,11 @@ class ForecastDataset(Dataset):
     ):
         self.store = str(store)
         self.data = open_array(store, "data")
+        self.reader = ChunkReader(store, "data")
         attrs = _attrs(store)
         index = select_channels(attrs["channel_names"], channels, store)
-        self.in_ids = [index[c] for c in rank_channels]
-        self.out_ids = select_channels(attrs["channel_names"], outputs, store)
-        # a block of the store's channels is one slice; a run's channel subset, or the outputs,
-        # a few slices: Zarr reads slices of one step far faster than fancy selections
-        self.in_runs, self.out_runs = channel_runs(self.in_ids), channel_runs(self.out_ids)
+        self.in_ids = np.asarray([index[c] for c in rank_channels])
+        self.out_ids = np.asarray(select_channels(attrs["channel_names"], outputs, store))
         times = self._times()
         step_h = time_step_hours(times, store)
         lo, hi = lead_hours
@@ -100,7 +173,7 @@ class ForecastDataset(Dataset):
         # costs a chunk per sample, channel and time step)
         self.x_mem = self.y_mem = None
         if _block_bytes(self.data, len(self.in_ids) + len(self.out_ids)) <= cache_bytes:
-            self.x_mem, self.y_mem = self._load(self.in_runs), self._load(self.out_runs)
+            self.x_mem, self.y_mem = self._load(self.in_ids), self._load(self.out_ids)
 
     def _times(self):
         from ..store import open_zarr
@@ -121,24 +194,19 @@ class ForecastDataset(Dataset):
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
 
-    def _load(self, runs: list[slice]) -> np.ndarray:
-        """Every step of the channels in ``runs``, read slice by slice into one array."""
+    def _load(self, ids: np.ndarray) -> np.ndarray:
+        """Every step of the channels ``ids``, a channel at a time (a float64 store is never
+        held whole in float64) into one float32 array; with zarr, which leaves the DataLoader's
+        workers free to use tensorstore (:data:`_TENSORSTORE_PID`)."""
         shape = self.data.shape
-        out = np.empty((shape[0], sum(r.stop - r.start for r in runs), *shape[2:]), np.float32)
-        at = 0
-        for run in runs:
-            out[:, at : at + run.stop - run.start] = self.data[:, run]
-            at += run.stop - run.start
+        out = np.empty((shape[0], len(ids), *shape[2:]), np.float32)
+        for k, c in enumerate(ids):
+            out[:, k] = self.data[:, int(c)]
         return out
 
-    def _read(self, step: int, runs: list[slice]) -> np.ndarray:
-        parts = [self.data[int(step), run] for run in runs]
-        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.float32, copy=False)
-
     def __getitems__(self, indices: list[int]) -> list[tuple]:
-        """A batch from memory, or from Zarr a step at a time, a slice of channels at a time
-        (one fancy selection over the batch's steps and channels is 3 times slower: zarr's
-        sharding indexes every chunk of the shard); the DataLoader uses this when batching."""
+        """A batch from memory, or from Zarr in one concurrent read of its chunks (every
+        sample's inputs and targets); the DataLoader uses this when batching."""
         which = [self._lead_index(i) for i in indices]
         leads = [int(self.leads[k]) for k in which]
         now = self.anchors[np.asarray(indices)]
@@ -146,8 +214,7 @@ class ForecastDataset(Dataset):
         if self.x_mem is not None:
             x, y = self.x_mem[now], self.y_mem[later]
         else:
-            x = np.stack([self._read(t, self.in_runs) for t in now])
-            y = np.stack([self._read(t, self.out_runs) for t in later])
+            x, y = self.reader.read((now, self.in_ids), (later, self.out_ids))
         return [
             (torch.from_numpy(x[k]), torch.tensor(float(lead)), torch.from_numpy(y[k])) for k, lead in enumerate(leads)
         ]
@@ -166,6 +233,7 @@ class SampleDataset(Dataset):
         cache_bytes: int = 0,
     ):
         self.array = open_array(store, f"{split}/{var}")
+        self.reader = ChunkReader(store, f"{split}/{var}")
         total = self.array.shape[1]
         if num_bands is not None and num_bands != total:
             raise DataError(f"{store} ({split}) has {total} bands, the model expects {num_bands}")
@@ -187,23 +255,10 @@ class SampleDataset(Dataset):
         if self.x_mem is not None:
             x = self.x_mem[np.asarray(indices)]
         else:
-            x = np.asarray(
-                self.array.get_orthogonal_selection((np.asarray(indices), slice(self.lo, self.hi))), dtype=np.float32
-            )
+            (x,) = self.reader.read((np.asarray(indices), slice(self.lo, self.hi)))
         if self.labels is None:
             return [(torch.from_numpy(x[k]),) for k in range(len(indices))]
         return [(torch.from_numpy(x[k]), torch.tensor(self.labels[i])) for k, i in enumerate(indices)]
-
-
-def channel_runs(ids: list[int]) -> list[slice]:
-    """``ids`` as slices of consecutive channels, in order: [3, 4, 5, 9, 1] -> 3:6, 9:10, 1:2."""
-    runs: list[slice] = []
-    for i in ids:
-        if runs and runs[-1].stop == i:
-            runs[-1] = slice(runs[-1].start, i + 1)
-        else:
-            runs.append(slice(i, i + 1))
-    return runs
 
 
 def time_step_hours(times: pd.DatetimeIndex, store) -> int:
