@@ -187,14 +187,14 @@ def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys
 
     geotiff(tmp_path / "full.tif", np.arange(220))
     predict = ["predict", "--model", str(tmp_path / "model"), "--image"]
-    assert main([*predict, str(tmp_path / "full.tif"), "--output", str(tmp_path / "full.zarr")]) == 0
+    assert main([*predict, str(tmp_path / "full.tif"), "--output", str(tmp_path / "full-map.zarr")]) == 0
     capsys.readouterr()
     geotiff(tmp_path / "coarse.tif", np.arange(0, 220, 3))  # every third AVIRIS band: 74 bands
-    code = main([*predict, str(tmp_path / "coarse.tif"), "--output", str(tmp_path / "coarse.zarr")])
+    code = main([*predict, str(tmp_path / "coarse.tif"), "--output", str(tmp_path / "coarse-map.zarr")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "coarse.tif: 133 of the model's 200 bands have no image band of their own within tolerance" in err
-    assert not (tmp_path / "coarse.zarr").exists()
+    assert not (tmp_path / "coarse-map.zarr").exists()
 
 
 # -- export and predict --data against the checkpoint's fingerprint --------------------------------
