@@ -1,0 +1,98 @@
+"""Cases found by trying the trust guarantees as a careless or hostile user would: a file output
+that would replace a file of a run, a checkpoint or another output, and a model description
+whose output names disagree with the network's head."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+from test_trust import _short
+from test_trust_outputs import _dchag, _digest, _one_line
+
+from dchag.model import file as model_file
+from dchag.model.file import ArtifactError
+from dchag.store import OutputError, atomic_path, write_zarr
+
+
+def _holders(tmp_path: Path) -> dict[Path, str]:
+    """A file inside each thing no other writer may touch, and how the refusal names it."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    (run / "log.csv").write_text("step,loss\n1,0.5\n")
+    checkpoint = tmp_path / "copied_final"
+    checkpoint.mkdir()
+    (checkpoint / ".metadata").write_bytes(b"DCP metadata")
+    (checkpoint / "__0_0.distcp").write_bytes(b"tensor data")
+    store = tmp_path / "truth.zarr"
+    write_zarr(xr.Dataset({"a": (("x",), np.arange(3.0))}), store, kind="truth")
+    model = tmp_path / "model"
+    with atomic_path(model, "model") as tmp:
+        tmp.mkdir()
+        (tmp / "model.json").write_text("{}")
+    return {
+        run / "log.csv": f"the training run {run.resolve()}",
+        checkpoint / ".metadata": f"the checkpoint {checkpoint.resolve()}",
+        checkpoint / "__0_0.distcp": "the checkpoint",
+        store / "zarr.json": "the dchag truth output",
+        store / "a" / "zarr.json": "the dchag truth output",
+        model / "model.json": "the dchag model output",
+    }
+
+
+def test_a_file_output_never_replaces_a_file_of_a_run_checkpoint_or_other_output(tmp_path):
+    for path, holder in _holders(tmp_path).items():
+        before = path.read_bytes()
+        with pytest.raises(OutputError, match=f"refusing to replace {path}: a file of {holder}") as err:
+            with atomic_path(path) as tmp:
+                tmp.write_text("variable,value\n")
+        assert "\n" not in str(err.value)
+        assert path.read_bytes() == before, path
+    # through a command, exit 2 in one line, the run's log kept byte for byte
+    cube = np.random.default_rng(0).random((16, 16, 3))
+    np.save(tmp_path / "truth.npy", cube)
+    np.save(tmp_path / "pred.npy", cube * 0.9)
+    recon = ["score-recon", "--truth", str(tmp_path / "truth.npy"), "--pred", str(tmp_path / "pred.npy"), "--output"]
+    kept = _digest(tmp_path / "run")
+    _one_line(_dchag(*recon, str(tmp_path / "run" / "log.csv")), "a file of the training run")
+    assert _digest(tmp_path / "run") == kept
+    # a file of no run or output is still replaced by a rerun, and a new file may go anywhere
+    for name in ("scores.csv", "scores.csv", "run/final_scores.csv"):
+        proc = _dchag(*recon, str(tmp_path / name))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def forecast_model(data_root, tmp_path_factory):
+    """An untrained (seeded) forecast model of two outputs, as export describes and saves it."""
+    from dchag.config import run_settings
+    from dchag.model import ChannelViT
+    from dchag.predict import artifact
+    from dchag.train.tasks import build_task
+
+    root, base = data_root
+    store = root / "era5" / "train.zarr"
+    t = build_task(run_settings(_short(base), "f"), {"train": store, "val": store})
+    torch.manual_seed(0)
+    model = artifact.describe(t, store, ChannelViT(t.model_cfg), {"run": "f"})
+    return model_file.save(model, tmp_path_factory.mktemp("fm") / "model")
+
+
+def test_a_models_outputs_must_name_its_heads_channels_in_order(forecast_model, tmp_path):
+    meta = json.loads((forecast_model / "model.json").read_text())
+    assert meta["outputs"] == ["z500", "t2m"]
+    assert model_file.load(forecast_model).meta["outputs"] == ["z500", "t2m"]
+    # swapped: the z500 head would be written as t2m in t2m's units (plausible values, all wrong);
+    # repeated: t2m silently dropped
+    for outputs in (["t2m", "z500"], ["z500", "z500"]):
+        d = tmp_path / "_".join(outputs)
+        shutil.copytree(forecast_model, d)
+        (d / "model.json").write_text(json.dumps({**meta, "outputs": outputs}))
+        with pytest.raises(ArtifactError, match=r"key 'outputs' is .*; expected \['z500', 't2m'\]") as err:
+            model_file.load(d)
+        assert str(d / "model.json") in str(err.value) and "\n" not in str(err.value)
