@@ -9,10 +9,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import xarray as xr
 from test_trust import _short
+from test_trust_metadata import scored  # noqa: F401 (a fixture)
 from test_trust_outputs import _dchag, _digest, _one_line
 
 from dchag.model import file as model_file
@@ -96,3 +98,31 @@ def test_a_models_outputs_must_name_its_heads_channels_in_order(forecast_model, 
         with pytest.raises(ArtifactError, match=r"key 'outputs' is .*; expected \['z500', 't2m'\]") as err:
             model_file.load(d)
         assert str(d / "model.json") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_forecast_of_one_level_saved_as_netcdf_is_scored(scored, capsys):  # noqa: F811 (the fixture)
+    """The levels a WeatherBench 2 variable holds (a list attribute) come back from netCDF as a
+    number when there is one; scoring such a file was a TypeError traceback. An attribute that
+    names no levels is one line naming the file."""
+    from test_trust_metadata import _score
+
+    from dchag.evaluate import wb2
+    from dchag.evaluate.forecast import forecast_dataset
+
+    root, truth = scored
+    assert _score(capsys, root / "forecast.nc", root / "truth.nc", root / "ref.csv")[0] == 0
+    fc = xr.open_dataset(root / "forecast.nc").load()
+    values = {v: fc[v].values[:, None] for v in ("z500", "t2m")}  # (time, lead, lat, lon)
+    layout = forecast_dataset(values, fc.indexes["time"], [24], fc.lat.values, fc.lon.values, {})
+    layout.to_netcdf(root / "wb2_forecast.nc")
+    assert isinstance(xr.open_dataset(root / "wb2_forecast.nc").geopotential.attrs[wb2.GIVEN_LEVELS], np.integer)
+    code, err = _score(capsys, root / "wb2_forecast.nc", root / "truth.nc", root / "wb2.csv")
+    assert code == 0, err
+    ref, got = (pd.read_csv(root / f"{n}.csv").set_index("variable").value for n in ("ref", "wb2"))
+    assert got["z500"] == pytest.approx(ref["z500"], rel=1e-6) and got["t2m"] == pytest.approx(ref["t2m"], rel=1e-6)
+    layout.geopotential.attrs[wb2.GIVEN_LEVELS] = "all"
+    layout.to_netcdf(root / "bad.nc")
+    code, err = _score(capsys, root / "bad.nc", root / "truth.nc", root / "bad.csv")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"forecast {root / 'bad.nc'}: variable 'geopotential': attribute {wb2.GIVEN_LEVELS} is 'all'" in err
+    assert not (root / "bad.csv").exists()

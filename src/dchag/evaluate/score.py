@@ -65,7 +65,10 @@ def open_fields(path: str, what: str) -> xr.Dataset:
     """Open ``path`` with one variable per dchag channel (a WeatherBench 2 file's levels split),
     latitude/longitude renamed to lat/lon and latitude ascending, and the ERA5 catalogue's
     variables in its units (:func:`catalogue_units`)."""
-    ds = wb2.channels(open_any(str(path), what, normalise_names=False))
+    try:
+        ds = wb2.channels(open_any(str(path), what, normalise_names=False))
+    except wb2.Wb2LayoutError as err:
+        raise wb2.Wb2LayoutError(f"{what} {path}: {err}") from None
     lat, lon = lat_lon_names(ds, str(path))
     ds = ds.rename({k: v for k, v in ((lat, "lat"), (lon, "lon")) if k != v})
     if ds.lat.size > 1 and ds.lat.values[0] > ds.lat.values[-1]:
