@@ -126,3 +126,20 @@ def test_a_forecast_of_one_level_saved_as_netcdf_is_scored(scored, capsys):  # n
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert f"forecast {root / 'bad.nc'}: variable 'geopotential': attribute {wb2.GIVEN_LEVELS} is 'all'" in err
     assert not (root / "bad.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["name: [t\n", "name: t\nname: u\n", "a: &a xx\nb: {? [*a, 1]\n : 1}\n"],
+    ids=["unclosed list", "key twice", "unhashable key"],
+)
+def test_a_yaml_syntax_error_is_one_line(tmp_path, capsys, text):
+    """YAML's parser puts each position it reports on a line of its own."""
+    from dchag.cli import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    assert main(["describe-model", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"dchag describe-model: error: config file {path} is not valid YAML: ") and "line " in err
