@@ -143,3 +143,11 @@ def test_a_yaml_syntax_error_is_one_line(tmp_path, capsys, text):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"dchag describe-model: error: config file {path} is not valid YAML: ") and "line " in err
+
+
+@pytest.mark.parametrize("flag", ["--init-start", "--init-end"])
+def test_an_initialisation_time_that_is_no_time_is_a_usage_error(tmp_path, flag):
+    """It was pandas' DateParseError traceback, after the model was loaded."""
+    for text in ("garbage", "", "99999-01-01"):
+        proc = _dchag("predict", "--model", "m", "--store", "s.zarr", flag, text, "--output", str(tmp_path / "o.zarr"))
+        _one_line(proc, f"argument {flag}: expected a date and time", repr(text))
