@@ -151,3 +151,25 @@ def test_an_initialisation_time_that_is_no_time_is_a_usage_error(tmp_path, flag)
     for text in ("garbage", "", "99999-01-01"):
         proc = _dchag("predict", "--model", "m", "--store", "s.zarr", flag, text, "--output", str(tmp_path / "o.zarr"))
         _one_line(proc, f"argument {flag}: expected a date and time", repr(text))
+
+
+def test_a_lead_time_given_twice_is_refused_by_predict_and_score(forecast_model, data_root, scored, capsys):  # noqa: F811
+    """predict --lead-hours 24 24 wrote each forecast twice, and score gave each row twice."""
+    from test_trust_metadata import _score
+
+    root, _ = data_root
+    out = root / "twice.zarr"
+    argv = ["predict", "--model", str(forecast_model), "--store", str(root / "era5" / "val.zarr"), "--output", str(out)]
+    from dchag.cli import main
+
+    assert main([*argv, "--lead-hours", "24", "48", "24"]) == 2
+    err = capsys.readouterr().err
+    assert "lead time(s) [24] h given more than once" in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+    folder, _ = scored
+    fc = xr.open_dataset(folder / "forecast.nc").load()
+    twice = xr.concat([fc.expand_dims("prediction_timedelta")] * 2, "prediction_timedelta")
+    twice.to_netcdf(folder / "fc_leads.nc")
+    code, err = _score(capsys, folder / "fc_leads.nc", folder / "truth.nc", folder / "s.csv")
+    assert code == 2 and "fc_leads.nc repeats lead time(s) 1 days" in err and len(err.strip().splitlines()) == 1, err
+    assert not (folder / "s.csv").exists()

@@ -119,13 +119,17 @@ def _check_other_units(wanted: list[str], fds, tds, forecast: str, truth: str) -
 
 
 def _check_times(ds: xr.Dataset, path: str, what: str) -> None:
-    times = pd.Index(ds.time.values)
-    if not times.is_unique:
-        repeated = times[times.duplicated()].unique()
-        raise ScoreError(
-            f"{what} {path} repeats time(s) {', '.join(str(t) for t in repeated[:5])}"
-            f"{' …' if len(repeated) > 5 else ''}: each time must be there once"
-        )
+    """Each time, and each lead time, once."""
+    for coord, kind in (("time", "time(s)"), *((c, "lead time(s)") for c in LEAD_NAMES)):
+        if coord not in ds.coords:
+            continue
+        times = pd.Index(ds[coord].values)
+        if not times.is_unique:
+            repeated = times[times.duplicated()].unique()
+            raise ScoreError(
+                f"{what} {path} repeats {kind} {', '.join(str(t) for t in repeated[:5])}"
+                f"{' …' if len(repeated) > 5 else ''}: each must be there once"
+            )
 
 
 def _values(da: xr.DataArray, path: str, what: str, var: str) -> np.ndarray:
