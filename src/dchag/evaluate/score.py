@@ -123,7 +123,7 @@ def _check_times(ds: xr.Dataset, path: str, what: str) -> None:
     for coord, kind in (("time", "time(s)"), *((c, "lead time(s)") for c in LEAD_NAMES)):
         if coord not in ds.coords:
             continue
-        times = pd.Index(ds[coord].values)
+        times = pd.Index(np.atleast_1d(ds[coord].values))
         if not times.is_unique:
             repeated = times[times.duplicated()].unique()
             raise ScoreError(
