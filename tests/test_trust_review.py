@@ -5,6 +5,7 @@ whose output names disagree with the network's head."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -173,3 +174,21 @@ def test_a_lead_time_given_twice_is_refused_by_predict_and_score(forecast_model,
     code, err = _score(capsys, folder / "fc_leads.nc", folder / "truth.nc", folder / "s.csv")
     assert code == 2 and "fc_leads.nc repeats lead time(s) 1 days" in err and len(err.strip().splitlines()) == 1, err
     assert not (folder / "s.csv").exists()
+
+
+def test_the_run_lock_is_no_hard_link_to_another_file(tmp_path):
+    """A `.lock` hard-linked to a file (the same file under two names) was emptied by taking
+    the lock, as a symbolic link was."""
+    from dchag.train.lock import LockFileError, RunLock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock = tmp_path / "run" / ".lock"
+    lock.parent.mkdir()
+    os.link(victim, lock)
+    with pytest.raises(LockFileError, match=r"\.lock is a hard link \(2 names of one file\)"):
+        RunLock(lock.parent).check_free()
+    assert victim.read_text() == "precious\n"
+    lock.unlink()
+    RunLock(lock.parent).check_free()  # a file of its own
+    assert lock.is_file() and victim.read_text() == "precious\n"
