@@ -364,7 +364,9 @@ def check_output(target: str | os.PathLike, kind: str | None = None, inputs=()) 
     """Refuse an output path that would destroy what this writer did not make: one of
     ``inputs`` or a folder holding one, a run directory, a symbolic link, or a directory that
     is not an earlier output of the same ``kind``. A file may replace a regular file (a file
-    holds no mark of who wrote it); :func:`atomic_path` refuses a directory in place of a file."""
+    holds no mark of who wrote it), except one inside a run directory or a directory output
+    (a checkpoint's metadata, a run's log, a model's description); :func:`atomic_path` refuses
+    a directory in place of a file."""
     target = Path(target)
     check_inputs(target, inputs)
     if not (target.exists() or target.is_symlink()):
@@ -383,6 +385,29 @@ def check_output(target: str | os.PathLike, kind: str | None = None, inputs=()) 
             )
     elif not target.is_file():
         raise OutputError(f"refusing to replace {target}: not a regular file")
+    else:
+        holder = _holder(target)
+        if holder:
+            raise OutputError(f"refusing to replace {target}: a file of {holder}; choose another output path")
+
+
+def _holder(path: Path) -> str | None:
+    """What holds the file ``path`` that no other writer may replace: a training run's
+    directory, a checkpoint or a directory output of dchag (a model folder, a store), at any
+    depth; else a Zarr store or group."""
+    folder = path.parent.resolve()
+    parents = (folder, *folder.parents)
+    for parent in parents:
+        # two of a run's marks (one alone, such as a `.lock`, is common in any folder)
+        if sum((parent / m).exists() for m in (*RUN_MARKS, "log.csv", "final")) >= 2:
+            return f"the training run {parent}"
+        if (parent / ".metadata").is_file():
+            return f"the checkpoint {parent}"
+        kind = output_kind(parent)
+        if kind:
+            return f"the dchag {kind} output {parent}"
+    zarr_node = next((p for p in parents if (p / "zarr.json").is_file()), None)
+    return f"the Zarr store {zarr_node}" if zarr_node else None
 
 
 @contextlib.contextmanager

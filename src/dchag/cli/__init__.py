@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         message = f"cannot write {cause.filename or ''}: {cause.strerror}"
     else:
         return 0
+    # one line, whatever the message holds (YAML's parser reports its position on lines of its own)
+    message = "; ".join(line.strip() for line in message.splitlines() if line.strip())
     print(f"dchag {args.command}: error: {message}", file=sys.stderr)
     report_error(message)  # a worker under torchrun: the line `dchag launch-train` ends with
     return 2

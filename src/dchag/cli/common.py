@@ -30,6 +30,19 @@ nonneg_float = _ranged(float, lambda v: v >= 0, "a number >= 0")
 percentile = _ranged(float, lambda v: 0 <= v <= 100, "a percentile from 0 to 100")
 
 
+def a_time(text: str) -> str:
+    """A date and time as pandas reads it (kept as given)."""
+    import pandas as pd
+
+    try:
+        ok = not pd.isna(pd.Timestamp(text))
+    except (ValueError, TypeError, OverflowError):
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"expected a date and time such as 2020-01-01T06, got {text!r}")
+    return text
+
+
 def config_arg(sp: argparse.ArgumentParser, required: bool = True, help_: str | None = None) -> None:
     sp.add_argument("--config", required=required, help=help_ or "config YAML file, or an inline JSON object")
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .common import config_arg, positive_int
+from .common import a_time, config_arg, positive_int
 
 
 def _training_store(cfg: dict, run: str, data: str | None) -> str:
@@ -96,8 +96,10 @@ def register(add) -> None:
     sp.add_argument(
         "--input", nargs="+", help="forecast: your own initial conditions (netCDF, GRIB, Zarr in an ERA5 layout)"
     )
-    sp.add_argument("--init-start", help="forecast: the first initialisation time (default: the first there)")
-    sp.add_argument("--init-end", help="forecast: the last initialisation time (default: the last there)")
+    sp.add_argument(
+        "--init-start", type=a_time, help="forecast: the first initialisation time (default: the first there)"
+    )
+    sp.add_argument("--init-end", type=a_time, help="forecast: the last initialisation time (default: the last there)")
     sp.add_argument("--lead-hours", type=positive_int, nargs="+", help="forecast: lead times in hours")
     sp.add_argument("--image", help="hyperspectral: the image (any kind the hsi readers take)")
     sp.add_argument("--image-key", help="hyperspectral: the image's variable in a .mat file")

@@ -65,7 +65,10 @@ def open_fields(path: str, what: str) -> xr.Dataset:
     """Open ``path`` with one variable per dchag channel (a WeatherBench 2 file's levels split),
     latitude/longitude renamed to lat/lon and latitude ascending, and the ERA5 catalogue's
     variables in its units (:func:`catalogue_units`)."""
-    ds = wb2.channels(open_any(str(path), what, normalise_names=False))
+    try:
+        ds = wb2.channels(open_any(str(path), what, normalise_names=False))
+    except wb2.Wb2LayoutError as err:
+        raise wb2.Wb2LayoutError(f"{what} {path}: {err}") from None
     lat, lon = lat_lon_names(ds, str(path))
     ds = ds.rename({k: v for k, v in ((lat, "lat"), (lon, "lon")) if k != v})
     if ds.lat.size > 1 and ds.lat.values[0] > ds.lat.values[-1]:
@@ -116,13 +119,17 @@ def _check_other_units(wanted: list[str], fds, tds, forecast: str, truth: str) -
 
 
 def _check_times(ds: xr.Dataset, path: str, what: str) -> None:
-    times = pd.Index(ds.time.values)
-    if not times.is_unique:
-        repeated = times[times.duplicated()].unique()
-        raise ScoreError(
-            f"{what} {path} repeats time(s) {', '.join(str(t) for t in repeated[:5])}"
-            f"{' …' if len(repeated) > 5 else ''}: each time must be there once"
-        )
+    """Each time, and each lead time, once."""
+    for coord, kind in (("time", "time(s)"), *((c, "lead time(s)") for c in LEAD_NAMES)):
+        if coord not in ds.coords:
+            continue
+        times = pd.Index(np.atleast_1d(ds[coord].values))
+        if not times.is_unique:
+            repeated = times[times.duplicated()].unique()
+            raise ScoreError(
+                f"{what} {path} repeats {kind} {', '.join(str(t) for t in repeated[:5])}"
+                f"{' …' if len(repeated) > 5 else ''}: each must be there once"
+            )
 
 
 def _values(da: xr.DataArray, path: str, what: str, var: str) -> np.ndarray:

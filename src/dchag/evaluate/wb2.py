@@ -111,6 +111,19 @@ def to_wb2(fields: dict[str, xr.DataArray]) -> xr.Dataset:
 GIVEN_LEVELS = "dchag_levels"  # a level variable's attribute: the levels it holds values at
 
 
+def _given_levels(name: str, given) -> list[int] | None:
+    """A variable's GIVEN_LEVELS as a list of levels: netCDF reads a list of one back as a
+    number (a forecast of one level saved as netCDF); anything but whole numbers is refused."""
+    if given is None:
+        return None
+    values = np.atleast_1d(np.asarray(given))
+    whole = values.dtype.kind in "iuf" and np.all(np.isfinite(values) & (values == np.round(values)))
+    if values.ndim != 1 or not whole:
+        shown = np.asarray(given).tolist()
+        raise Wb2LayoutError(f"variable {name!r}: attribute {GIVEN_LEVELS} is {shown!r}; expected levels (hPa)")
+    return [int(v) for v in values]
+
+
 def channels(ds: xr.Dataset) -> xr.Dataset:
     """A dataset with dchag channel names: each WB2 variable with a ``level`` dimension split
     into one variable per level where it holds any value, long names of single-level
@@ -120,7 +133,7 @@ def channels(ds: xr.Dataset) -> xr.Dataset:
     for name, da in ds.data_vars.items():
         name = str(name)
         if LEVEL in da.dims:
-            given = da.attrs.get(GIVEN_LEVELS)
+            given = _given_levels(name, da.attrs.get(GIVEN_LEVELS))
             for lev in da[LEVEL].values:
                 part = da.sel({LEVEL: lev}, drop=True)
                 if given is not None:

@@ -236,12 +236,8 @@ def _check_description(c: _Checker, meta: dict, cfg: ModelConfig) -> None:
         names = [ch["name"] for ch in channels]
         c.need(len(set(names)) == n, "channels", names, "distinct names")
         outputs = c.get(meta, "outputs")
-        c.need(
-            isinstance(outputs, list) and len(outputs) == len(cfg.out_channels) and set(outputs) <= set(names),
-            "outputs",
-            outputs,
-            f"{len(cfg.out_channels)} of the channels' names",
-        )
+        predicted = [names[i] for i in cfg.out_channels]  # the head's channels, in its order
+        c.need(outputs == predicted, "outputs", outputs, f"{predicted} (model.out_channels, in order)")
         grid = c.section(meta, "grid")
         for k, size in (("latitude", cfg.img_size[0]), ("longitude", cfg.img_size[1])):
             c.need(_numbers(c.get(grid, k, "grid."), size), f"grid.{k}", grid[k], f"{size} numbers")

@@ -196,6 +196,9 @@ def forecast(
         raise PredictError(f"{model.source} is a {model.task} model, not a forecasting one")
     step = model.meta["lead_hours"]["time_step_hours"]
     lo, hi = model.meta["lead_hours"]["trained"]
+    twice = sorted({h for h in lead_hours if lead_hours.count(h) > 1})
+    if twice:
+        raise PredictError(f"lead time(s) {twice} h given more than once")
     bad = [h for h in lead_hours if h <= 0 or h % step]
     if bad:
         raise PredictError(f"lead time(s) {bad} h: the model steps {step} h; give positive multiples of it")

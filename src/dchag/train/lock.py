@@ -41,8 +41,9 @@ class RunLock:
             return "an unknown process"
 
     def _open(self) -> int:
-        """The lock file, never followed if it is a link nor truncated on opening: anyone who
-        can write a shared results folder could otherwise make it any file the trainer may write."""
+        """The lock file, never followed if it is a link nor truncated on opening, and no other
+        name of another file (a hard link): anyone who can write a shared results folder could
+        otherwise make it any file the trainer may write."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as err:
@@ -51,9 +52,16 @@ class RunLock:
                 f"cannot lock run directory {self.path.parent}: {self.path} is "
                 f"{what or err.strerror}; it must be a regular file (remove it)"
             ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise LockFileError(f"cannot lock run directory {self.path.parent}: {self.path} is not a regular file")
+        if info.st_nlink > 1:  # another name of the same file, which taking the lock would empty
+            os.close(fd)
+            raise LockFileError(
+                f"cannot lock run directory {self.path.parent}: {self.path} is a hard link "
+                f"({info.st_nlink} names of one file); it must be a file of its own (remove it)"
+            )
         return fd
 
     def acquire(self) -> None:
