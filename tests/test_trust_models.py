@@ -303,12 +303,21 @@ def test_a_damaged_checkpoint_is_refused_when_its_weights_are_exported(tmp_path)
         ckpt.load_weights(torch.nn.Linear(64, 32), step_4)
 
 
+def _as_older_dchag(directory: Path) -> None:
+    """Make ``directory`` look like a checkpoint of a dchag before checksums: no checksums.json,
+    no mark of them in its fingerprint."""
+    (directory / "checksums.json").unlink(missing_ok=True)
+    stamp = json.loads((directory / "fingerprint.json").read_text())
+    stamp.pop(ckpt.HAS_CHECKSUMS, None)
+    (directory / "fingerprint.json").write_text(json.dumps(stamp))
+
+
 def _rewrite_metadata(directory: Path, edit) -> None:
     meta = ckpt.read_metadata(directory)
     edit(meta)
     meta.storage_meta = None
     (directory / ".metadata").write_bytes(pickle.dumps(meta))
-    (directory / "checksums.json").unlink(missing_ok=True)  # as an older dchag's: only the metadata is there to believe
+    _as_older_dchag(directory)  # only the metadata is there to believe
 
 
 def test_dcp_storage_paths_must_be_bare_names_inside_the_checkpoint(tmp_path):
@@ -361,7 +370,23 @@ def test_a_checkpoint_without_checksums_still_loads(tmp_path):
     """An older dchag's checkpoint (no checksums.json) loads, its sizes checked."""
     _two_steps(tmp_path)
     step_4 = tmp_path / "checkpoints" / "step_4"
-    (step_4 / "checksums.json").unlink(missing_ok=True)
+    _as_older_dchag(step_4)
     fresh = torch.nn.Linear(64, 32)
     ckpt.load(ckpt.flatten({"model": fresh}), step_4)
     assert torch.all(fresh.weight == 1.25)
+
+
+def test_a_checkpoint_that_lost_its_checksums_is_damaged(tmp_path, caplog):
+    """Deleting checksums.json does not turn the check off: the fingerprint says they were
+    written, so the checkpoint moves aside and the previous one resumes."""
+    model, at_2 = _two_steps(tmp_path)
+    step_4 = tmp_path / "checkpoints" / "step_4"
+    (shard,) = step_4.glob("*.distcp")
+    _flip(shard, torch.tensor([1.25] * 4).numpy().tobytes())
+    (step_4 / "checksums.json").unlink()
+    manager = _manager(tmp_path, model)
+    manager.prepare()
+    with caplog.at_level("WARNING"):
+        assert manager.resume(10) == tmp_path / "checkpoints" / "step_2"
+    assert "checksums.json is missing" in caplog.text
+    assert all(torch.equal(v, at_2[k]) for k, v in model.state_dict().items())

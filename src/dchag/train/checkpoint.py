@@ -191,6 +191,10 @@ def check_intact(directory: str | Path) -> None:
 
 # -- checksums ------------------------------------------------------------------------------------
 CHECKSUMS = "checksums.json"  # {"sha256": {file: [size, hex digest]}} of every other file
+# The fingerprint of a checkpoint saved with CHECKSUMS says so: a fingerprinted checkpoint that
+# lacks them lost them (an older dchag's never had them). Not a setting: the record compared
+# with a checkpoint's (changed_keys) never holds it.
+HAS_CHECKSUMS = "checkpoint.checksums"
 
 
 def _digests(directory: Path, names: list[str]) -> dict[str, list]:
@@ -244,6 +248,8 @@ def verify(directory: str | Path, keys_read: set[str] | None = None) -> None:
     for sizes only (:func:`check_intact`)."""
     directory = Path(directory)
     listed = _read_checksums(directory)
+    if listed is None and (_read_json(directory / FINGERPRINT) or {}).get(HAS_CHECKSUMS):
+        raise DamagedCheckpointError(f"{directory}: its {CHECKSUMS} is missing (its {FINGERPRINT} says it was written)")
     if listed is None:
         log.info(f"{directory} has no {CHECKSUMS} (written by an older dchag): its bytes cannot be verified")
         return
@@ -673,7 +679,7 @@ class CheckpointManager:
 
     # -- saving and loading ------------------------------------------------------------------------
     def _files(self) -> dict[str, Path | str]:
-        return {FINGERPRINT: json.dumps(self.record, sort_keys=True, indent=1), **self.history}
+        return {FINGERPRINT: json.dumps({**self.record, HAS_CHECKSUMS: True}, sort_keys=True, indent=1), **self.history}
 
     def due(self, step: int, total: int) -> bool:
         return step % self.every == 0 and step < total
