@@ -18,6 +18,7 @@ from test_trust import _short
 from test_trust_metadata import scored  # noqa: F401 (a fixture)
 from test_trust_outputs import _dchag, _digest, _one_line
 
+from dchag.cli import main
 from dchag.model import file as model_file
 from dchag.model.file import ArtifactError
 from dchag.store import OutputError, atomic_path, write_zarr
@@ -192,3 +193,17 @@ def test_the_run_lock_is_no_hard_link_to_another_file(tmp_path):
     lock.unlink()
     RunLock(lock.parent).check_free()  # a file of its own
     assert lock.is_file() and victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("flag", ["--intra-bw", "--inter-bw"])
+def test_advise_refuses_numbers_that_give_times_that_are_not_finite(tmp_path, capsys, flag):
+    """Positive but absurd numbers (1e-300 B/s) gave 'inf ms' or 'R = inf' and a
+    recommendation; now one line saying the times are not finite."""
+    args = {"--alpha": "50e-6", "--intra-bw": "200e9", "--inter-bw": "12.5e9", "--compute-s": "0.18"}
+    args[flag] = "1e-300"
+    argv = ["advise", *[x for kv in args.items() for x in kv], "--gradient-bytes", "200e6"]
+    out = tmp_path / "r.json"
+    assert main([*argv, "--gpus", "16", "--gpus-per-node", "4", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not finite" in err, err
+    assert not out.exists()

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from .common import config, nonneg_float, pairs, positive_float, positive_int
 
 VERIFY_COLUMNS = [
@@ -41,6 +44,19 @@ def cmd_calibrate(args) -> None:
     print(f"{line} -> {args.output}")
 
 
+def _numbers(value):
+    """Every float in a nested result (dicts, lists, dataclasses)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        for v in value:
+            yield from _numbers(v)
+    elif isinstance(value, float):
+        yield value
+
+
 def cmd_advise(args) -> None:
     from ..benefit import advise
     from ..config import ConfigError
@@ -66,6 +82,11 @@ def cmd_advise(args) -> None:
         )
     else:
         raise ConfigError("give --model FILE (a config with a model section), or --gradient-bytes and --compute-s")
+    if not all(math.isfinite(v) for v in _numbers(result)):
+        raise ConfigError(
+            "the hardware and model numbers given (--alpha, --intra-bw, --inter-bw, --flops-per-s, --compute-s, "
+            "--gradient-bytes or the hardware profile) give times that are not finite: check their units"
+        )
     print(advise.format_table(result))
     if args.output:
         advise.write(result, args.output)
