@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .. import jsonio
+from ..config import model_settings
 from ..errors import DchagError
 from ..store import atomic_path
 from .model import ChannelViT, ModelConfig
@@ -134,7 +135,8 @@ def load(directory: str | Path) -> Model:
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise ArtifactError(f"{weights} is not a readable safetensors file: {err}") from None
     try:
-        cfg = ModelConfig(**meta["model"])
+        # a model file from before the fused front end: the schema's default way to compute it
+        cfg = ModelConfig(**{"fused_front_end": model_settings().fused_front_end, **meta["model"]})
     except (TypeError, ValueError) as err:
         raise ArtifactError(f"{directory / META}: its 'model' is not a dchag model configuration: {err}") from None
     network = ChannelViT(cfg)
