@@ -194,10 +194,10 @@ def test_the_fused_front_end_saves_pixels_and_scores_not_tokens(aggregation):
     assert sum(kept_t) > token_tensor, (sum(kept_t), token_tensor)
 
 
-def test_fused_front_end_is_a_setting():
-    assert model_settings(fused_front_end=True).fused_front_end is True
+def test_fused_front_end_is_the_default_and_a_setting():
+    assert model_settings().fused_front_end is True
     assert model_settings(fused_front_end=False).fused_front_end is False
-    assert model_config_of("forecast", 4, (8, 8), aggregation="linear", groups=2, fused_front_end=True).fused_front_end
+    assert model_config_of("forecast", 4, (8, 8), aggregation="linear", groups=2).fused_front_end is True
 
 
 DCHAG_CASES = {
