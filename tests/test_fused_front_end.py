@@ -143,7 +143,7 @@ def test_absorbed_attention_backward_is_the_gradient_of_its_forward(monkeypatch)
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
 
-    args = (rand(n, c, k), rand(c, h, k), rand(c, h), rand(c, h, hd, k), rand(c, h, hd))
+    args = (rand(n, c, k), rand(h, c, k), rand(c, h), rand(h, hd, c, k), rand(c, h, hd))
     assert torch.autograd.gradcheck(lambda *a: fused_module._AbsorbedAttention.apply(*a, torch.float64), args)
 
 
@@ -228,3 +228,19 @@ def test_fused_tp_baseline_equals_the_one_device_token_path():
     run_distributed(
         checks.check_tp_matches_one_device, 2, "baseline", [dict(aggregation="baseline", fused_front_end=True)], False
     )
+
+
+def test_a_model_file_from_before_the_setting_loads_and_runs_either_way(tmp_path):
+    """An exported model whose model.json has no fused_front_end (written before it existed)
+    loads with the schema's default, and gives the token path's outputs."""
+    from dchag.model import file
+
+    tokens, _ = _pair(aggregation="cross", tree=2)
+    model = {k: v for k, v in dataclasses.asdict(tokens.cfg).items() if k != "fused_front_end"}
+    meta = {"format": file.FORMAT, "format_version": file.VERSION, "task": "forecast", "model": model}
+    file.save(file.Model({**meta, "normalisation": {}}, tokens), tmp_path / "old")
+    loaded = file.load(tmp_path / "old")
+    assert loaded.config.fused_front_end is model_settings().fused_front_end is True
+    x, lead, _ = _inputs(tokens)
+    with torch.no_grad():
+        checks.close(loaded.network(x, lead), tokens.eval()(x, lead), "exported model, fused", rtol=1e-5)

@@ -50,8 +50,8 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 class _AbsorbedAttention(torch.autograd.Function):
-    """o (N, H, hd) = sum_c a (N, C, H) * (M (C, H, hd, k) P (N, C, k) + mv (C, H, hd)) with
-    a = softmax_c(A (C, H, k) P + ab (C, H)).
+    """o (N, H, hd) = sum_c a (N, C, H) * (M (H, hd, C, k) P (N, C, k) + mv (C, H, hd)) with
+    a = softmax_c(A (H, C, k) P + ab (C, H)).
 
     Saves P and a (and the parameter-sized A, M, mv); the weighted pixels (H, n, C*k) and
     their gradient exist for one chunk of rows at a time. Matmuls run in ``dtype``
@@ -60,12 +60,12 @@ class _AbsorbedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pixels, a_w, a_b, m_w, m_b, dtype):
         n, c, k = pixels.shape
-        heads, hd = m_w.shape[1], m_w.shape[2]
+        heads, hd = m_w.shape[0], m_w.shape[1]
         with torch.autocast(pixels.device.type, enabled=False):
             acc = _accumulate(dtype)
             p = pixels.to(dtype)
-            a_wt, a_b_ = a_w.to(dtype).transpose(1, 2), a_b.to(acc)  # (C, k, H)
-            mh = m_w.to(dtype).permute(1, 0, 3, 2).reshape(heads, c * k, hd)  # (H, C*k, hd)
+            a_wt, a_b_ = a_w.to(dtype).permute(1, 2, 0), a_b.to(acc)  # (C, k, H)
+            mh = m_w.to(dtype).reshape(heads, hd, c * k).transpose(1, 2)  # (H, C*k, hd)
             mvh = m_b.to(dtype).transpose(0, 1)  # (H, C, hd)
             out = p.new_empty(n, heads, hd)
             attn = torch.empty(n, c, heads, dtype=acc, device=p.device)
@@ -86,13 +86,13 @@ class _AbsorbedAttention(torch.autograd.Function):
         pixels, attn, a_w, m_w, m_b = ctx.saved_tensors
         dtype = ctx.dtype
         n, c, k = pixels.shape
-        heads, hd = m_w.shape[1], m_w.shape[2]
+        heads, hd = m_w.shape[0], m_w.shape[1]
         need_p = ctx.needs_input_grad[0]
         with torch.autocast(pixels.device.type, enabled=False):
             acc = _accumulate(dtype)
             p = pixels.to(dtype)
-            a_w_ = a_w.to(dtype)
-            mh = m_w.to(dtype).permute(1, 0, 3, 2).reshape(heads, c * k, hd)
+            a_w_ = a_w.to(dtype).transpose(0, 1)  # (C, H, k)
+            mh = m_w.to(dtype).reshape(heads, hd, c * k).transpose(1, 2)
             mvh = m_b.to(dtype).transpose(0, 1)
             g = grad_out.to(dtype)
             d_mh = torch.zeros(heads, c * k, hd, dtype=acc, device=p.device)
@@ -119,8 +119,9 @@ class _AbsorbedAttention(torch.autograd.Function):
                 if need_p:
                     dpc = (ah[..., None] * d_weighted).sum(0) + torch.bmm(ds, a_w_).transpose(0, 1)
                     d_p[rows] = dpc.to(pixels.dtype)
-        d_mw = d_mh.reshape(heads, c, k, hd).permute(1, 0, 3, 2).to(m_w.dtype)
-        return d_p, d_aw.to(a_w.dtype), d_ab.to(ctx.a_b_dtype), d_mw, d_mvh.transpose(0, 1).to(m_b.dtype), None
+        d_mw = d_mh.transpose(1, 2).reshape(heads, hd, c, k).to(m_w.dtype)
+        d_mb = d_mvh.transpose(0, 1).to(m_b.dtype)
+        return d_p, d_aw.transpose(0, 1).to(a_w.dtype), d_ab.to(ctx.a_b_dtype), d_mw, d_mb, None
 
 
 def absorbed_query_attention(aggregator, pixels: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor):
@@ -136,12 +137,14 @@ def absorbed_query_attention(aggregator, pixels: torch.Tensor, weight: torch.Ten
     scale = 1.0 / math.sqrt(heads_dim)
     u = (q[:, None, :] @ wkv[:, 0]).reshape(heads, -1) * scale  # (H, D): W_k,h^T q_h
     w_v = wkv[:, 1].reshape(heads * heads_dim, -1)  # (D, D), rows head by head
-    # products with the weight (C, D, k) as it lies: batched matmuls save no copy of it
-    a_w = torch.bmm(u.expand(c, -1, -1), weight)  # (C, H, k)
+    # one (D, C*k) copy of the weight for both products: a batched matmul over the channels
+    # would form a (C, D, D) gradient for the value weight
+    weight_t = weight.transpose(0, 1).reshape(d, c * k)
+    a_w = (u @ weight_t).reshape(heads, c, k)
     # the key bias adds one constant per head to every score: no effect on the softmax, kept
     # so its (vanishing) gradient is formed as the token path forms it
     a_b = shift @ u.transpose(0, 1) + (bkv[:, 0] * q).sum(-1) * scale
-    m_w = torch.bmm(w_v.expand(c, -1, -1), weight).reshape(c, heads, heads_dim, k)
+    m_w = (w_v @ weight_t).reshape(heads, heads_dim, c, k)
     m_b = (shift @ w_v.transpose(0, 1)).reshape(c, heads, heads_dim)
     out = _AbsorbedAttention.apply(pixels, a_w, a_b, m_w, m_b, _compute_dtype(pixels))
     out = out.reshape(-1, d) + bkv[:, 1].reshape(d)  # the softmax weights sum to one
