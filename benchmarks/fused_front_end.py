@@ -142,13 +142,14 @@ def table(rows: list[dict], meta: dict) -> str:
         f"Machine: {meta['machine']}, torch {meta['torch']}; model {meta['model']}  ",
         "One rank (T = 1; the hierarchical models have one channel group). A whole training step "
         "(forward, backward, AdamW); memory: MemTracker's peak of one step, MiB (parameters / gradients / "
-        "optimizer / activations and temporaries); time: median of the timed steps, the two paths' steps "
+        "optimizer / activations and temporaries); time: median (and fastest) of the timed steps, the two paths' steps "
         "taken in turn on the same weights and batch; ratios are fused / token. The machine is shared "
-        "with other users' jobs (2 cores): absolute times vary between runs, the ratios less.",
+        "with other users' jobs (2 cores, load 2-8 during this run): times vary between runs and steps "
+        "(every step's time is in the .json); the fastest step is the least disturbed.",
         "",
         "| C | D | variant | token MiB (p / g / opt / act) | fused MiB (p / g / opt / act) | memory ratio | "
-        "token s | fused s | time ratio |",
-        "|---:|---:|---|---|---|---:|---:|---:|---:|",
+        "token s | fused s | time ratio | fastest token s | fastest fused s | fastest ratio |",
+        "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def mib(m):
@@ -157,10 +158,11 @@ def table(rows: list[dict], meta: dict) -> str:
 
     for r in rows:
         t, f = r["token"], r["fused"]
+        tmin, fmin = min(t["step_seconds_all"]), min(f["step_seconds_all"])
         lines.append(
             f"| {r['channels']} | {r['width']} | {r['variant']} | {mib(t)} | {mib(f)} | "
             f"{f['total'] / t['total']:.3f} | {t['step_seconds']:.3f} | {f['step_seconds']:.3f} | "
-            f"{f['step_seconds'] / t['step_seconds']:.3f} |"
+            f"{f['step_seconds'] / t['step_seconds']:.3f} | {tmin:.3f} | {fmin:.3f} | {fmin / tmin:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
