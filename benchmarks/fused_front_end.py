@@ -144,7 +144,7 @@ def table(rows: list[dict], meta: dict) -> str:
         "(forward, backward, AdamW); memory: MemTracker's peak of one step, MiB (parameters / gradients / "
         "optimizer / activations and temporaries); time: median (and fastest) of the timed steps, the two paths' steps "
         "taken in turn on the same weights and batch; ratios are fused / token. The machine is shared "
-        "with other users' jobs (2 cores, load 2-8 during this run): times vary between runs and steps "
+        "with other users' jobs (2 cores, load 2-8 during these runs): times vary between runs and steps "
         "(every step's time is in the .json); the fastest step is the least disturbed.",
         "",
         "| C | D | variant | token MiB (p / g / opt / act) | fused MiB (p / g / opt / act) | memory ratio | "
