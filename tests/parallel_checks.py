@@ -6,6 +6,7 @@ Each compares a parallelized model with the one-device model holding the same we
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -89,16 +90,30 @@ def _targets(cfg: ModelConfig, x, target):
     return target
 
 
-def check_tp_matches_one_device(rank: int, world: int, strategy: str, cases: list[dict]) -> None:
+def check_tp_matches_one_device(
+    rank: int, world: int, strategy: str, cases: list[dict], reference_fused: bool | None = None
+) -> None:
     """TP baseline or D-CHAG on ``world`` ranks == one-device model (same weights): outputs and
-    every parameter gradient, and rank r tokenizes exactly its channel block."""
+    every parameter gradient, and rank r tokenizes exactly its channel block. ``reference_fused``:
+    the one-device model's front end (fused or token path; None: the parallel model's)."""
     dims = ParallelDims(tp=world, dp_mode="none", world_size=world)
     mesh = dims.build_mesh("cpu")
     for case in cases:
         cfg = small_config(**case)
         torch.manual_seed(0)
         reference = ChannelViT(cfg)
+        if reference_fused is not None:
+            # learned queries and mixing weights away from their uniform start, so the
+            # attention weights differ between channels
+            with torch.no_grad():
+                for name, p in reference.named_parameters():
+                    if name.endswith(("query", "mix.weight")):
+                        p.normal_()
         model = parallelize_model(copy.deepcopy(reference), dims, mesh, parallel_settings(strategy=strategy))
+        if reference_fused is not None:
+            other = ChannelViT(dataclasses.replace(cfg, fused_front_end=reference_fused))
+            other.load_state_dict(reference.state_dict())
+            reference = other
         x, lead, target = _batch(cfg)
 
         ids = model.tokenizer.channel_ids

@@ -7,6 +7,7 @@ the checksums written at save."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import pickle
 import resource
@@ -22,6 +23,7 @@ from test_predict import _hsi_model
 from dchag.cli import main
 from dchag.config import ConfigError, settings, validate
 from dchag.hsi import demo
+from dchag.model import ChannelViT
 from dchag.model import file as model_file
 from dchag.model.file import ArtifactError
 from dchag.plan import check_run
@@ -390,3 +392,19 @@ def test_a_checkpoint_that_lost_its_checksums_is_damaged(tmp_path, caplog):
         assert manager.resume(10) == tmp_path / "checkpoints" / "step_2"
     assert "checksums.json is missing" in caplog.text
     assert all(torch.equal(v, at_2[k]) for k, v in model.state_dict().items())
+
+
+def test_a_model_file_from_before_the_fused_front_end_loads_and_runs_either_way(exported, tmp_path):
+    """An exported model whose model.json has no fused_front_end (written before it existed)
+    loads with the schema's default, and gives the token path's outputs."""
+    old = _copy(exported[0], tmp_path / "old", _set("model.fused_front_end", ...))
+    loaded = model_file.load(old)
+    assert loaded.config.fused_front_end is True
+    tokens = ChannelViT(dataclasses.replace(loaded.config, fused_front_end=False)).eval()
+    tokens.load_state_dict(loaded.network.state_dict())
+    x = torch.randn(2, loaded.config.in_channels, *loaded.config.img_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.network(x), tokens(x), rtol=1e-5, atol=1e-6)
+    bad = _copy(exported[0], tmp_path / "bad", _set("model.fused_front_end", "yes"))
+    with pytest.raises(model_file.ArtifactError, match="model.fused_front_end"):
+        model_file.load(bad)

@@ -319,6 +319,7 @@ class ModelSettings:
     groups: int | None
     tree: int
     channel_embedding: str
+    fused_front_end: bool
     decoder: Decoder
 
 

@@ -204,7 +204,13 @@ def _model_step(config: dict, w: Workload, device: torch.device, channels: int |
     from ..model import ChannelViT
 
     # data parallelism's model: the baseline aggregation
-    cfg = replace(forecast_model_config(settings(config), in_channels=channels), aggregation="baseline", groups=1)
+    # (on the token path, whose work the cost model counts)
+    cfg = replace(
+        forecast_model_config(settings(config), in_channels=channels),
+        aggregation="baseline",
+        groups=1,
+        fused_front_end=False,
+    )
     model = ChannelViT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(w.batch, cfg.in_channels, *cfg.img_size, device=device)

@@ -41,6 +41,7 @@ def model_config(
             decoder_dim=model.decoder.dim,
             decoder_depth=model.decoder.depth,
             decoder_heads=model.decoder.num_heads,
+            fused_front_end=model.fused_front_end,
             out_channels=list(out_channels or []),
             num_classes=num_classes,
             wavelengths=wavelengths,

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from .. import jsonio
+from ..config import model_settings
 from ..errors import DchagError
 from ..store import atomic_path
 from .model import AGGREGATIONS, TASKS, ChannelViT, ModelConfig
@@ -163,6 +164,9 @@ class _Checker:
 def _model_config(c: _Checker, m) -> ModelConfig:
     """model.json's ``model`` as a ModelConfig, every setting checked (type and range)."""
     c.need(isinstance(m, dict), "model", m, "a mapping of the model's settings")
+    # a model file from before the fused front end: the schema's default way to compute it
+    m = {"fused_front_end": model_settings().fused_front_end, **m}
+    c.need(isinstance(m["fused_front_end"], bool), "model.fused_front_end", m["fused_front_end"], "true or false")
     known = {f.name: f for f in fields(ModelConfig)}
     for k in m:
         if k not in known:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import DchagError
+from .fused import MAX_SEQUENCES, absorbed_linear, absorbed_query_attention
 
 
 class ModelError(DchagError, ValueError):
@@ -81,13 +82,20 @@ class ChannelTokenizer(nn.Module):
             return self.channel_embed
         return self.wavelength_proj(sincos_1d(self.wavelengths, self.embed_dim, max_period=5000.0))
 
-    def forward(self, x: torch.Tensor, channels: slice = slice(None)) -> torch.Tensor:
-        """(B, C, H, W) -> (B, C, L, D); ``channels`` selects which held channels x holds (all by default)."""
+    def forward(self, x: torch.Tensor, channels: slice = slice(None), absorbed: bool = False):
+        """(B, C, H, W) -> (B, C, L, D); ``channels`` selects which held channels x holds (all by default).
+
+        With ``absorbed``, no tokens: the patch pixels (B*L, C, p*p), the weight (C, D, p*p)
+        and the shift (C, D) of those channels, for an aggregation that absorbs the tokenizer
+        (:mod:`dchag.model.fused`)."""
         b, c, h, w = x.shape
         p = self.patch_size
         weight = self.weight[channels]
         if c != weight.shape[0]:
             raise ModelError(f"tokenizer holds {weight.shape[0]} channels here, input has {c}")
+        if absorbed:
+            pixels = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(-1, c, p * p)
+            return pixels, weight, self.bias[channels] + self.channel_embedding()[channels]
         patches = x.reshape(b, c, h // p, p, w // p, p).permute(0, 1, 2, 4, 3, 5).reshape(b, c, -1, p * p)
         # Bias and channel embedding ride in the matmul as a column of ones: one contiguous
         # batched matmul over (b, c), no separate full-size additions or reductions over them.
@@ -133,6 +141,16 @@ class KeyValueProjection(nn.Linear):
         return _WeightGradientFirst.apply(y, x, self.weight)
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """SDPA over at most MAX_SEQUENCES sequences a call: GPU attention kernels launch one grid
+    row per sequence and fail beyond it (pytorch/pytorch#142228, #146704), which the
+    aggregation's B*L sequences exceed on fine grids."""
+    if q.shape[0] <= MAX_SEQUENCES:
+        return F.scaled_dot_product_attention(q, k, v)
+    parts = [slice(i, i + MAX_SEQUENCES) for i in range(0, len(q), MAX_SEQUENCES)]
+    return torch.cat([F.scaled_dot_product_attention(q[s], k[s], v[s]) for s in parts])
+
+
 class CrossAttention(nn.Module):
     """Multi-head attention of ``query`` tokens over ``context`` tokens (no norm, no residual).
 
@@ -176,7 +194,7 @@ class CrossAttention(nn.Module):
         kv = self.wkv(context).reshape(b, s_len, l, -1, 2, self.head_dim).permute(4, 0, 2, 3, 1, 5)
         k, v = kv.reshape(2, b * l, -1, s_len, self.head_dim).unbind(0)
         del kv  # the projection's own output goes once its re-laid-out copy exists
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = _attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(n, q_len, -1))
 
 
@@ -195,6 +213,10 @@ class QueryAggregator(nn.Module):
         out = self.attn(self.query.expand(b * l, -1, -1), tokens)
         return out.reshape(b, l, d)
 
+    def absorbed(self, pixels: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """The same from the tokenizer's pixels (N, C, p*p), weight and shift -> (N, D)."""
+        return absorbed_query_attention(self, pixels, weight, shift)
+
 
 class LinearAggregator(nn.Module):
     """D-CHAG's -L partial aggregator: a learned weighted sum over the channels plus a bias
@@ -212,6 +234,10 @@ class LinearAggregator(nn.Module):
         b, s, l, d = tokens.shape
         mixed = torch.bmm(self.mix.weight.expand(b, 1, s), tokens.reshape(b, s, l * d))
         return mixed.reshape(b, l, d) + self.mix.bias
+
+    def absorbed(self, pixels: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """The same from the tokenizer's pixels (N, C, p*p), weight and shift -> (N, D)."""
+        return absorbed_linear(self, pixels, weight, shift)
 
 
 class PartialAggregator(nn.Module):
@@ -243,6 +269,23 @@ class PartialAggregator(nn.Module):
         b, s, l, d = tokens.shape
         sub = tokens.reshape(b * self.tree, s // self.tree, l, d)
         level1 = self.level1(sub).reshape(b, self.tree, l, d)
+        return (self.level2 or self.level1)(level1)
+
+    def absorbed(self, pixels: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, batch: int) -> torch.Tensor:
+        """The same from the tokenizer's pixels (B*L, C, p*p), weight and shift -> (B, L, D):
+        only the first level sees the channels; a tree's second level takes its K tokens."""
+        n, c, _ = pixels.shape
+        if not self.tree:
+            return self.level1.absorbed(pixels, weight, shift).reshape(batch, n // batch, -1)
+        size = c // self.tree
+        level1 = torch.stack(
+            [
+                self.level1.absorbed(pixels[:, i : i + size], weight[i : i + size], shift[i : i + size])
+                for i in range(0, c, size)
+            ],
+            dim=1,
+        )  # (B*L, K, D)
+        level1 = level1.reshape(batch, n // batch, self.tree, -1).transpose(1, 2)
         return (self.level2 or self.level1)(level1)
 
 

@@ -47,6 +47,7 @@ class ModelConfig:
     decoder_dim: int
     decoder_depth: int
     decoder_heads: int
+    fused_front_end: bool  # aggregate from the pixels without channel tokens (dchag.model.fused)
     out_channels: list[int] = field(default_factory=list)  # forecast: predicted channel indices (empty: all)
     num_classes: int = 0  # classification
     wavelengths: list[float] | None = None  # band centres (nm), embedded by wavelength when given
@@ -111,6 +112,9 @@ class ChannelViT(nn.Module):
         # them on one device. D-CHAG narrows this to one group and installs the AllGather.
         self.local_groups = [(str(g), lo, hi) for g, (lo, hi) in enumerate(self.groups)]
         self.group_gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # The baseline's one aggregation absorbs the tokenizer unless tensor parallelism splits
+        # its heads over ranks (the TP baseline: it then takes the tokens, as the paper's does).
+        self.fused_final = cfg.fused_front_end and self.partial is None
 
         self.pos_embed = nn.Parameter(sincos_2d(*cfg.grid, d)[None])
         self.blocks = nn.ModuleList([Block(d, cfg.num_heads, cfg.mlp_ratio) for _ in range(cfg.depth)])
@@ -139,13 +143,19 @@ class ChannelViT(nn.Module):
         device) only those groups' channels are tokenized and aggregated."""
         if active_groups is not None and (self.partial is None or self.group_gather is not None):
             raise ModelError("channel-subset rotation needs a hierarchical model on one device (no D-CHAG gather)")
+        b = x.shape[0]
         if self.partial is None:
+            if self.fused_final:
+                return self.final.absorbed(*self.tokenizer(x, absorbed=True)).reshape(b, -1, self.cfg.embed_dim)
             return self.final(self.tokenizer(x))
         # Each group is tokenized on its own: its tokens are contiguous for its aggregator, and
         # no full-size token tensor is sliced (whose gradient would be zero-filled per group).
+        # The fused front end forms no tokens at all: each partial aggregation absorbs the tokenizer.
         parts = torch.stack(
             [
-                self.partial[key](self.tokenizer(x[:, lo:hi], slice(lo, hi)))
+                self.partial[key].absorbed(*self.tokenizer(x[:, lo:hi], slice(lo, hi), absorbed=True), b)
+                if self.cfg.fused_front_end
+                else self.partial[key](self.tokenizer(x[:, lo:hi], slice(lo, hi)))
                 for key, lo, hi in self.local_groups
                 if active_groups is None or int(key) in active_groups
             ],

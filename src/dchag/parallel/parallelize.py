@@ -61,6 +61,7 @@ def _check_heads(model: ChannelViT, tp: int) -> None:
 def apply_tp(model: ChannelViT, tp_mesh: DeviceMesh) -> None:
     """Tensor-parallel final aggregation and ViT blocks (decoder and heads stay replicated)."""
     _check_heads(model, tp_mesh.size())
+    model.fused_final = False  # its heads are split over the ranks: it takes the tokens
     parallelize_module(model.final, tp_mesh, _attention_plan("attn", "attn", inputs=2))
     # each rank's keys and values are 2D/T wide: narrower than the context from T = 3 on (at
     # T = 2 the two layouts hold the same, and re-laying out the context is faster on the CPU)

@@ -442,6 +442,7 @@ RESUMABLE = {
     "train.mem_mb",
     "parallel.activation_checkpointing",
     "parallel.fsdp_reshard_after_forward",
+    "model.fused_front_end",  # the same parameters and function, computed another way
 }
 
 

@@ -1,0 +1,171 @@
+"""The fused front end against the token path, side by side in one run: per-rank peak memory
+and step time of a whole training step (forward, backward, AdamW) on the CPU, for the
+baseline aggregation and D-CHAG-L / -C at T = 1 (one rank: the hierarchical model with one
+channel group), over channels C and widths D.
+
+    python benchmarks/fused_front_end.py --channels 80 512 1024 --widths 256 --output benchmarks/results/fused_front_end
+
+Memory is MemTracker's peak of one step (dchag.train.memory.step_peak: parameters, gradients,
+optimizer state, activations and temporaries); time is the median of the timed steps after a
+warm-up step. Each (C, D, aggregation) builds the token and the fused path on the same weights
+and batch and times their steps in turn (token, fused, token, fused, ...), so a change of the
+machine's load (it is shared) hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+AGGREGATIONS = [("baseline", "baseline"), ("D-CHAG-L", "linear"), ("D-CHAG-C", "cross")]
+
+
+def _stepper(model, x, lead, target):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        ((model(x, lead) - target) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, opt, step
+
+
+def measure(paths: dict, warmup: int, steps: int) -> dict:
+    """Peak memory of one step of each path, then ``steps`` rounds that time one step of each
+    path in turn (so a change of the machine's load hits both alike): median seconds."""
+    from dchag.train.memory import step_peak
+
+    out, times = {}, {name: [] for name in paths}
+    for name, (model, opt, step) in paths.items():
+        for _ in range(warmup):
+            step()
+        with step_peak(torch.device("cpu"), model, opt) as mem:
+            step()
+        out[name] = {k: round(v, 1) for k, v in mem.items()}
+    for _ in range(steps):
+        for name, (_, _, step) in paths.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    for name in paths:
+        out[name]["step_seconds"] = round(statistics.median(times[name]), 3)
+        out[name]["step_seconds_all"] = [round(t, 3) for t in times[name]]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--channels", type=int, nargs="+", default=[80, 512])
+    ap.add_argument("--widths", type=int, nargs="+", default=[256])
+    ap.add_argument("--img", type=int, nargs=2, default=[32, 64])
+    ap.add_argument("--patch", type=int, default=4)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--output", default="benchmarks/results/fused_front_end")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from dchag.model import ChannelViT
+    from dchag.model.build import model_config_of
+
+    rows = []
+    for channels in args.channels:
+        for width in args.widths:
+            for label, aggregation in AGGREGATIONS:
+                cfg = model_config_of(
+                    "forecast",
+                    channels,
+                    tuple(args.img),
+                    out_channels=[0, 1, 2],
+                    patch_size=args.patch,
+                    embed_dim=width,
+                    depth=args.depth,
+                    num_heads=args.heads,
+                    aggregation=aggregation,
+                    groups=1,
+                    fused_front_end=False,
+                )
+                g = torch.Generator().manual_seed(1)
+                x = torch.randn(args.batch, channels, *args.img, generator=g)
+                lead = torch.full((args.batch,), 24.0)
+                target = torch.randn(args.batch, 3, *args.img, generator=g)
+                torch.manual_seed(0)
+                tokens = ChannelViT(cfg)
+                fused = ChannelViT(dataclasses.replace(cfg, fused_front_end=True))
+                fused.load_state_dict(tokens.state_dict())
+                paths = {
+                    "token": _stepper(tokens, x, lead, target),
+                    "fused": _stepper(fused, x, lead, target),
+                }
+                row = {"channels": channels, "width": width, "variant": label, "tp": 1}
+                row.update(measure(paths, args.warmup, args.steps))
+                del paths, tokens, fused
+                rows.append(row)
+                t, f = row["token"], row["fused"]
+                print(
+                    f"C={channels:5d} D={width:4d} {label:9s} token {t['total']:8.1f} MiB {t['step_seconds']:7.3f} s"
+                    f" | fused {f['total']:8.1f} MiB {f['step_seconds']:7.3f} s",
+                    flush=True,
+                )
+    meta = {
+        "command": "python " + " ".join(sys.argv),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} torch threads, CPU",
+        "torch": torch.__version__,
+        "model": {k: getattr(args, k) for k in ("img", "patch", "depth", "heads", "batch", "warmup", "steps")},
+    }
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    out.with_suffix(".md").write_text(table(rows, meta))
+    print(out.with_suffix(".md").read_text())
+
+
+def table(rows: list[dict], meta: dict) -> str:
+    lines = [
+        "# The fused front end against the token path (per-rank peak memory and step time)",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Machine: {meta['machine']}, torch {meta['torch']}; model {meta['model']}  ",
+        "One rank (T = 1; the hierarchical models have one channel group). A whole training step "
+        "(forward, backward, AdamW); memory: MemTracker's peak of one step, MiB (parameters / gradients / "
+        "optimizer / activations and temporaries); time: median (and fastest) of the timed steps, the two paths' steps "
+        "taken in turn on the same weights and batch; ratios are fused / token. The machine is shared "
+        "with other users' jobs (2 cores, load 2-8 during these runs): times vary between runs and steps "
+        "(every step's time is in the .json); the fastest step is the least disturbed.",
+        "",
+        "| C | D | variant | token MiB (p / g / opt / act) | fused MiB (p / g / opt / act) | memory ratio | "
+        "token s | fused s | time ratio | fastest token s | fastest fused s | fastest ratio |",
+        "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def mib(m):
+        split = " / ".join(f"{m.get(k, 0):.0f}" for k in ("parameters", "gradients", "optimizer", "activations"))
+        return f"{m['total']:.1f} ({split})"
+
+    for r in rows:
+        t, f = r["token"], r["fused"]
+        tmin, fmin = min(t["step_seconds_all"]), min(f["step_seconds_all"])
+        lines.append(
+            f"| {r['channels']} | {r['width']} | {r['variant']} | {mib(t)} | {mib(f)} | "
+            f"{f['total'] / t['total']:.3f} | {t['step_seconds']:.3f} | {f['step_seconds']:.3f} | "
+            f"{f['step_seconds'] / t['step_seconds']:.3f} | {tmin:.3f} | {fmin:.3f} | {fmin / tmin:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
