@@ -68,7 +68,7 @@ def test_every_era5_store_the_pipeline_writes_is_float32(data_root, tmp_path):
     variables = ["z500", "t850", "t2m"]
     write_truth(str(val), variables, str(tmp_path / "truth.zarr"))
     for kind in ("persistence", "climatology"):
-        baseline_forecast(kind, str(val), variables, [24, 48], str(tmp_path / f"{kind}.zarr"), str(clim))
+        baseline_forecast(kind, str(val), variables, [24, 48], str(tmp_path / f"{kind}_forecast.zarr"), str(clim))
     model = _forecast_model(root, cfg, train)
     forecast(model, from_store(model, str(val)), [24, 48], str(tmp_path / "forecast.zarr"), batch_size=4)
     stores = [
@@ -79,8 +79,8 @@ def test_every_era5_store_the_pipeline_writes_is_float32(data_root, tmp_path):
         clim,
         tmp_path / "clim_wb2.zarr",
         tmp_path / "truth.zarr",
-        tmp_path / "persistence.zarr",
-        tmp_path / "climatology.zarr",
+        tmp_path / "persistence_forecast.zarr",
+        tmp_path / "climatology_forecast.zarr",
         tmp_path / "forecast.zarr",
     ]
     assert_float32(stores)
