@@ -92,6 +92,10 @@ def test_a_writer_replaces_only_an_earlier_output_of_its_own_kind(tmp_path):
         assert not list(tmp_path.glob(f".{path.name}.tmp-*"))
     with pytest.raises(OutputError, match="contains the input"):
         write_zarr(ds, tmp_path, kind="forecast", inputs=[other_kind])
+    empty = tmp_path / "model"
+    empty.mkdir()  # as Snakemake makes the folder of a rule's file outputs before the job
+    write_zarr(ds, empty, kind="model")
+    assert open_zarr(empty).attrs[OWNER_ATTRIBUTE] == "model"
 
 
 @pytest.fixture(scope="module")

@@ -374,6 +374,8 @@ def check_output(target: str | os.PathLike, kind: str | None = None, inputs=()) 
     if target.is_symlink():
         raise OutputError(f"refusing to replace {target}: a symbolic link; remove it or choose another output path")
     if target.is_dir():
+        if not any(target.iterdir()):
+            return  # nothing to lose: an empty folder (Snakemake makes an output's folder before the job)
         if is_run_dir(target):
             raise OutputError(f"refusing to replace {target}: it is a training run's directory")
         found = output_kind(target)
