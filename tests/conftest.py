@@ -85,7 +85,7 @@ def era5_config(era5_files) -> dict:
 LONGEST = [
     "test_demo_pipeline_produces_normalised_stores",
     "test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job",
-    "test_gpu_check_rehearses_on_the_cpu",
+    "test_gpu_check_rehearses_the_device_run_on_the_cpu",
     "test_paper_sweep_measures_every_point_and_draws_its_figures",
     "test_a_users_own_one_dataset_config_runs_through_training_and_scoring",
     "test_verification_experiment_on_the_demo_data",
@@ -106,3 +106,4 @@ def pytest_collection_modifyitems(config, items):
         if i < FIRST_PAIRS and rest:
             ordered.append(rest.pop(0))
     items[:] = ordered + rest
+

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO
+from conftest import LONGEST, REPO
 
 from dchag.store import open_store
 
@@ -586,3 +586,14 @@ def test_report_captions_insert_only_names_the_schema_constrains():
             used.append(text)
             assert allowed.fullmatch(text), f"{path.name} inserts {text!r}"
     assert "snakemake.wildcards.run" in used
+
+
+def test_the_longest_tests_named_above_exist():
+    """A renamed long test would silently lose its early place in tests/conftest.py (and CI its balance)."""
+    defined = {
+        line.split("def ", 1)[1].split("(", 1)[0]
+        for path in Path(__file__).parent.glob("test_*.py")
+        for line in path.read_text().splitlines()
+        if line.startswith("def test_")
+    }
+    assert not set(LONGEST) - defined, f"tests/conftest.py LONGEST names missing tests: {set(LONGEST) - defined}"
