@@ -106,4 +106,3 @@ def pytest_collection_modifyitems(config, items):
         if i < FIRST_PAIRS and rest:
             ordered.append(rest.pop(0))
     items[:] = ordered + rest
-
