@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
-from dchag.config import ConfigError, read_yaml, validate
+from dchag.config import ConfigError, read_yaml, schema_enum, validate
 from dchag.plan import BASELINE_FORECASTS, ERA5_SPLITS, Plan
 
 # The config files are read again strictly (a key given twice, an alias bomb), then validated

@@ -99,7 +99,7 @@ rule score:
         f"{LOGS}/score_{{source}}_{{convention}}.log",
     wildcard_constraints:
         source=one_of(scored_sources()),
-        convention="wb2|climax",
+        convention=one_of(schema_enum("evaluate.conventions")),
     conda:
         "../../envs/train.yaml"
     params:
@@ -126,7 +126,7 @@ rule compare_scores:
         f"{LOGS}/compare_{{candidate}}_{{convention}}.log",
     wildcard_constraints:
         candidate=one_of(P.comparisons),
-        convention="wb2|climax",
+        convention=one_of(schema_enum("evaluate.conventions")),
     conda:
         "../../envs/train.yaml"
     params:

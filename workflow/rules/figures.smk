@@ -37,7 +37,7 @@ rule fig_lead_time:
     log:
         f"{LOGS}/fig_lead_time_{{convention}}.log",
     wildcard_constraints:
-        convention="wb2|climax",
+        convention=one_of(schema_enum("evaluate.conventions")),
     conda:
         "../../envs/train.yaml"
     params:

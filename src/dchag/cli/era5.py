@@ -3,6 +3,7 @@ statistics, split stores, climatology; and the standalone regridder."""
 
 from __future__ import annotations
 
+from ..config import schema_default, schema_enum
 from .common import config_arg, config_with, positive_float, positive_int
 
 
@@ -114,7 +115,7 @@ def register(add) -> None:
 
     sp = add("era5-split-part", cmd_era5_split_part, "one year's normalised shards of a split store")
     config_arg(sp)
-    sp.add_argument("--split", required=True, choices=["train", "val", "test"])
+    sp.add_argument("--split", required=True, choices=schema_enum("era5.climatology_split"))
     sp.add_argument("--year", type=positive_int, required=True, help="the year whose shards this part holds")
     sp.add_argument("--stats", required=True)
     sp.add_argument("--output", required=True)
@@ -122,7 +123,7 @@ def register(add) -> None:
 
     sp = add("era5-split", cmd_era5_split, "assemble a split store from its per-year parts")
     config_arg(sp)
-    sp.add_argument("--split", required=True, choices=["train", "val", "test"])
+    sp.add_argument("--split", required=True, choices=schema_enum("era5.climatology_split"))
     sp.add_argument("--stats", required=True)
     sp.add_argument("--output", required=True)
     sp.add_argument("--parts", nargs="+", required=True, help="the split's parts (from era5-split-part), one per year")
@@ -153,12 +154,12 @@ def register(add) -> None:
     sp.add_argument(
         "--grid", type=positive_float, required=True, help="target resolution in degrees (5.625, 2.8125, 1.40625)"
     )
-    sp.add_argument("--method", choices=["bilinear", "conservative"], default="bilinear")
+    sp.add_argument("--method", choices=schema_enum("era5.regrid.method"), default=schema_default("era5.regrid.method"))
     sp.add_argument("--weights", help="weights file: read if it exists, else written there for reuse")
     sp.add_argument(
         "--backend",
-        choices=["auto", "xesmf", "builtin"],
-        default="auto",
+        choices=schema_enum("era5.regrid.backend"),
+        default=schema_default("era5.regrid.backend"),
         help="who computes weights: xESMF if importable (auto), or this package (builtin)",
     )
     sp.add_argument("--time-chunk", type=positive_int, default=8, help="steps along the leading dimension per block")
@@ -167,6 +168,6 @@ def register(add) -> None:
     sp = add("download-era5", cmd_download_era5, "download one year of the configured ERA5 channels (ARCO-ERA5 or CDS)")
     config_arg(sp)
     sp.add_argument("--year", type=positive_int, required=True)
-    sp.add_argument("--source", choices=["arco", "cds"], default="arco")
+    sp.add_argument("--source", choices=schema_enum("era5.download"), default=schema_enum("era5.download")[0])
     sp.add_argument("--store", help="ARCO-ERA5 Zarr store (default: the public Google Cloud store)")
     sp.add_argument("--output", required=True, help="output netCDF file")

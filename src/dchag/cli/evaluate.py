@@ -3,6 +3,7 @@ hyperspectral reconstruction and classification scores, and the comparison table
 
 from __future__ import annotations
 
+from ..config import schema_enum
 from ..evaluate.weather import METRICS, SCORING
 from .common import config, config_arg, nonneg_float, positive_float, positive_int
 
@@ -166,7 +167,9 @@ def register(add) -> None:
     sp.add_argument(
         "--lead-hours", type=nonneg_float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)"
     )
-    sp.add_argument("--regrid", choices=["bilinear", "conservative"], help="regrid the forecast onto the truth's grid")
+    sp.add_argument(
+        "--regrid", choices=schema_enum("era5.regrid.method"), help="regrid the forecast onto the truth's grid"
+    )
     sp.add_argument("--output", required=True, help="CSV: variable, lead_time_hours, metric, value, convention")
 
     sp = add(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import schema_default, schema_enum
 from .common import config, nonneg_int, percentile, positive_int
 
 
@@ -143,11 +144,11 @@ def register(add) -> None:
         "--drop-wavelengths", nargs="*", type=_wavelength_range, help="nm ranges to drop, e.g. 1340-1450 1800-1960"
     )
     sp.add_argument("--patch", type=positive_int, help="classification patch size (odd)")
-    sp.add_argument("--split", choices=["stratified", "disjoint"])
+    sp.add_argument("--split", choices=schema_enum("hsi.classification.split"))
     sp.add_argument("--block", type=positive_int, help="disjoint split block size (default 2 x patch)")
     sp.add_argument(
         "--missing-class",
-        choices=["error", "warn"],
+        choices=schema_enum("hsi.classification.missing_class"),
         help="a class absent from a split stops the run (error) or is reported (warn)",
     )
     sp.add_argument("--tile", type=positive_int, help="tile size for masked autoencoding")
@@ -155,14 +156,24 @@ def register(add) -> None:
     sp.add_argument("--seed", type=nonneg_int)
     sp.add_argument("--class-names", help="comma-separated, in label order 1..K")
     sp.add_argument(
-        "--ignore-labels", type=_integers, help="label values that mean 'no label' besides 0 (default: 255,65535)"
+        "--ignore-labels",
+        type=_integers,
+        help="label values that mean 'no label' besides 0 (default: "
+        + ",".join(map(str, schema_default("hsi.classification.ignore_labels")))
+        + ")",
     )
     sp.add_argument(
-        "--noncontiguous-labels", choices=["remap", "error"], help="class values with gaps: renumber 1..K or stop"
+        "--noncontiguous-labels",
+        choices=schema_enum("hsi.classification.noncontiguous_labels"),
+        help="class values with gaps: renumber 1..K or stop",
     )
     sp.add_argument("--nodata", type=float, help="raw value of a missing pixel where the file declares none")
-    sp.add_argument("--detector-overlap", choices=["swir", "vnir"], help="PRISMA: the detector kept where they overlap")
-    sp.add_argument("--nan-policy", choices=["fail", "fill"])
+    sp.add_argument(
+        "--detector-overlap",
+        choices=schema_enum("hsi.detector_overlap"),
+        help="PRISMA: the detector kept where they overlap",
+    )
+    sp.add_argument("--nan-policy", choices=schema_enum("hsi.nan_policy"))
     sp.add_argument(
         "--clip",
         type=percentile,

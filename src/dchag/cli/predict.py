@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..config import schema_default
 from .common import a_time, config_arg, positive_int
 
 
@@ -103,7 +104,12 @@ def register(add) -> None:
     sp.add_argument("--lead-hours", type=positive_int, nargs="+", help="forecast: lead times in hours")
     sp.add_argument("--image", help="hyperspectral: the image (any kind the hsi readers take)")
     sp.add_argument("--image-key", help="hyperspectral: the image's variable in a .mat file")
-    sp.add_argument("--batch-size", type=positive_int, default=16)
+    sp.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=schema_default("evaluate.inference_batch_size"),
+        help="samples a batch (default: evaluate.inference_batch_size; hyperspectral classification: 32 times it)",
+    )
     sp.add_argument(
         "--output",
         required=True,

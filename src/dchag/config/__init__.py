@@ -16,7 +16,7 @@ YAML file), ``settings`` (the typed view).
 from .files import load_config, read_yaml
 from .inputs import check_config, era5_input_paths
 from .limits import MAX_BYTES, ConfigError, expanded_size
-from .schema import SCHEMA_PATH, schema, schema_default, validate
+from .schema import SCHEMA_PATH, schema, schema_default, schema_enum, validate
 from .settings import (
     Decoder,
     EvaluateSettings,
@@ -64,6 +64,7 @@ __all__ = [
     "run_settings",
     "schema",
     "schema_default",
+    "schema_enum",
     "settings",
     "validate",
 ]

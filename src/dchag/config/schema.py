@@ -22,18 +22,34 @@ def schema() -> dict:
         return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def schema_default(dotted: str):
-    """The schema's default of a key, e.g. ``hsi.classification.patch`` (for the standalone
-    commands' flags: one place for every default)."""
+def _node(dotted: str) -> dict:
+    """The schema of a key, e.g. ``hsi.classification.patch`` ($ref resolved)."""
     sch = schema()
     node = sch
     for part in dotted.split("."):
         node = node["properties"][part]
         if "$ref" in node:
             node = sch["$defs"][node["$ref"].rsplit("/", 1)[1]] | {k: v for k, v in node.items() if k != "$ref"}
+    return node
+
+
+def schema_default(dotted: str):
+    """The schema's default of a key, e.g. ``hsi.classification.patch`` (for the standalone
+    commands' flags: one place for every default)."""
+    node = _node(dotted)
     if "default" not in node:
         raise KeyError(f"the config schema has no default for {dotted}")
     return copy.deepcopy(node["default"])
+
+
+def schema_enum(dotted: str) -> list:
+    """The values the schema allows for a key (or for each item of a list), null left out: the
+    standalone commands' ``choices``."""
+    node = _node(dotted)
+    values = node.get("enum", node.get("items", {}).get("enum"))
+    if values is None:
+        raise KeyError(f"the config schema lists no values for {dotted}")
+    return [v for v in values if v is not None]
 
 
 def _with_defaults(validator_class):
