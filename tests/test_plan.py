@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from dchag import plan
+from dchag import jobs, plan
 from dchag.config import ConfigError, run_settings, settings, validate
 
 
@@ -182,7 +182,7 @@ def test_era5_jobs_ask_for_memory_by_grid_and_channels():
     coarse, fine = plan_of(5.625), plan_of(1.40625)
     assert coarse.era5_mem_mb("era5_split_part", 2000) == 2000  # the floor: the rule's own value
     measured = json.loads((REPO / "benchmarks" / "results" / "preprocess.json").read_text())["rows"]
-    for job in plan.ERA5_JOB_MB:
+    for job in jobs.ERA5_JOB_MB:
         for grid, p in ((5.625, coarse), (1.40625, fine)):
             peak = max(r["peak_rss_mb"] for r in measured if r["grid"] == grid and r["job"] == job.replace("_", "-"))
             assert p.era5_mem_mb(job, 0) >= 1.4 * peak, (job, grid, peak)

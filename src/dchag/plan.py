@@ -9,13 +9,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import check_run, era5_split_steps, init_source
 from .config import ConfigError, Settings, TrainSettings, run_settings, settings
+from .jobs import JobShape, era5_mem_mb
 
 BASELINE_FORECASTS = ("persistence", "climatology")
 # Where each task's stores are under a data root (results/<name> in the pipeline).
@@ -235,46 +234,6 @@ ERA5_SPLITS = ("train", "val", "test")
 HSI_STORES = ("classification", "mae")  # hsi config sections that make a store
 
 
-@dataclass(frozen=True)
-class JobShape:
-    """Where a torchrun job runs: nodes, processes (GPUs) per node, and its Slurm limits."""
-
-    nodes: int
-    nproc: int
-    gpus_per_node: int
-    runtime: int  # minutes
-    mem_mb: int
-
-    def slurm_resources(self) -> dict:
-        """Slurm resources: nodes x processes per node; with several nodes, one task per node
-        started by srun (mpi). Site values (partition, account, a typed gres) belong in the
-        profile."""
-        return {
-            "runtime": self.runtime,
-            "mem_mb": self.mem_mb,
-            "nodes": self.nodes,
-            "tasks": self.nodes,
-            "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else "",
-            "mpi": "srun" if self.nodes > 1 else "",
-        }
-
-    def launcher(self, dchag: str) -> str:
-        """`dchag` on one node; `srun -n NODES --ntasks-per-node 1 dchag` over several."""
-        return f"srun -n {self.nodes} --ntasks-per-node 1 {dchag}" if self.nodes > 1 else dchag
-
-
-# Peak RSS (MB) of the ERA5 jobs after the regridding, as a fixed part and a part per unit of
-# data per time step (80 channels on the 64 x 32 grid of 5.625 deg): fitted to
-# benchmarks/results/preprocess.md (5.625 deg and a whole year at 1.40625 deg, 80 channels). The split assembly and
-# the statistics combine stay near 130 and 100 MB on any grid.
-ERA5_JOB_MB = {
-    "era5_year_stats": (177, 27),
-    "era5_split_part": (187, 106),
-    "era5_climatology_part": (274, 28),
-    "era5_climatology": (240, 65),
-}
-
-
 class Plan:
     """Everything the rules wire, from a validated config: built once when the Snakefile is
     read, so a config mistake stops the run there with one message, before any job runs."""
@@ -355,15 +314,8 @@ class Plan:
         return f"{self.results}/era5/climatology_parts/{part}.zarr"
 
     def era5_mem_mb(self, job: str, floor: int) -> int:
-        """Memory (MB) to ask the scheduler for one ``job`` (a rule of ERA5_JOB_MB): 1.5 x the
-        peak measured for the config's channels and grid, at least ``floor``."""
-        from .era5.source import channel_names
-        from .grids import weatherbench_grid
-
-        fixed, per_unit = ERA5_JOB_MB[job]
-        ny, nx = weatherbench_grid(self.era5["grid"]).shape
-        units = len(channel_names(self.era5)) * ny * nx / (80 * 32 * 64)
-        return max(floor, int(math.ceil(1.5 * (fixed + per_unit * units) / 100) * 100))
+        """Memory (MB) to ask the scheduler for one ERA5 ``job`` (dchag.jobs.era5_mem_mb)."""
+        return era5_mem_mb(job, self.era5, floor)
 
     def era5_inputs(self, year) -> list[str]:
         from .config import era5_input_paths

@@ -113,7 +113,7 @@ def hsi_classification_inputs():
 
 # -- training and the torchrun jobs --------------------------------------------------------
 def torchrun_resources(shape_of):
-    """A torchrun job's Slurm resources (dchag.plan.JobShape), each a function of the job."""
+    """A torchrun job's Slurm resources (dchag.jobs.JobShape), each a function of the job."""
 
     def resource(key):
         def value(wildcards):
