@@ -126,64 +126,35 @@ def _same_grid(img: HyperspectralImage, lm, labels: str) -> None:
 
 
 # -- classification ----------------------------------------------------------------------------
-def preprocess_classification(
-    c: ClassificationSettings, opts: BandOptions, output: str | Path, config: dict | None = None
-) -> Path:
-    """Patches centred on labelled pixels of one scene, or of every tile of a tile set."""
-    if c.patch < 1 or c.patch % 2 == 0:
-        raise HsiInputError(f"patch size {c.patch} must be odd, so the patch is centred on its pixel")
-    pairs = tile_pairs(c.image, c.labels)
-    tiled = has_wildcard(c.image)
-    if tiled and c.block is not None:
+def _label_map(c: ClassificationSettings, img: HyperspectralImage, path: str) -> np.ndarray:
+    """The label map of ``img`` read from ``path``, checked against the image and the patch."""
+    lm = read_labels(path, c.labels_key)
+    if lm.values.shape != img.shape[:2]:
         raise HsiInputError(
-            f"hsi.classification.block {c.block}: a tile set's disjoint split places whole tiles; leave block unset"
+            f"label map {path} is {lm.values.shape[0]}x{lm.values.shape[1]}, "
+            f"the image {img.path} is {img.shape[0]}x{img.shape[1]}"
         )
-    images, sel = open_images([p for p, _ in pairs], opts)
-    nb = sel.keep.size
-    raw_maps = []
-    for img, (_, lpath) in zip(images, pairs):
-        lm = read_labels(lpath, c.labels_key)
-        if lm.values.shape != img.shape[:2]:
-            raise HsiInputError(
-                f"label map {lpath} is {lm.values.shape[0]}x{lm.values.shape[1]}, "
-                f"the image {img.path} is {img.shape[0]}x{img.shape[1]}"
-            )
-        _same_grid(img, lm, lpath)
-        if c.patch > min(img.shape[:2]):
-            raise HsiInputError(
-                f"patch {c.patch}x{c.patch} is larger than the image {img.path} ({img.shape[0]}x{img.shape[1]})"
-            )
-        raw_maps.append(labelling.checked(lm))
-    # Pass 1: missing pixels; a labelled pixel whose window holds one is no patch centre.
-    cubes = _Cubes(images, sel.keep, opts.nan_policy)
-    filled = missing_total = dropped_missing = 0
-    for i in range(len(images)):
-        _, missing, n = cubes.first_read(i)
-        filled += n
-        missing_total += int(missing.sum())
-        incomplete = (raw_maps[i] > 0) & ~complete_windows(missing, c.patch)
-        dropped_missing += int(incomplete.sum())
-        raw_maps[i][incomplete] = 0
-    if dropped_missing:
-        log.warning("%s: %d labelled pixels have a missing pixel in their window; not used", c.labels, dropped_missing)
-    # The classes: the values left with a usable pixel (no class without samples).
-    coding = labelling.coding(raw_maps, c.labels, c.ignore_labels, c.noncontiguous_labels, c.class_names)
-    if coding.ignored:
-        log.info("%s: label values %s taken as unlabelled (hsi.classification.ignore_labels)", c.labels, coding.ignored)
-    maps = [coding.apply(m) for m in raw_maps]
-    n_classes, names = len(coding.values), coding.names
-    flat = np.concatenate([m.ravel() for m in maps])
-    block, dropped = c.block, 0
+    _same_grid(img, lm, path)
+    if c.patch > min(img.shape[:2]):
+        raise HsiInputError(
+            f"patch {c.patch}x{c.patch} is larger than the image {img.path} ({img.shape[0]}x{img.shape[1]})"
+        )
+    return labelling.checked(lm)
+
+
+def _split(c: ClassificationSettings, maps: list[np.ndarray], flat: np.ndarray, tiled: bool):
+    """(indices of the samples per split, centres dropped, the disjoint block) by the config's method."""
     if not tiled and c.split == "disjoint":
-        splits, dropped, block = disjoint_split_placing_classes(maps[0], c.fractions, c.seed, c.patch, c.block)
-    elif c.split == "disjoint":
-        splits = tile_split(maps, c.fractions, c.seed)
-    elif c.split == "stratified":
-        splits = stratified_split(flat, c.fractions, c.seed)
-    else:
-        raise HsiInputError(f"split {c.split!r}: expected stratified or disjoint")
-    counts = class_counts(flat, splits, n_classes)
-    log.info("samples per class and split (%s split):\n%s", c.split, format_counts(counts, names))
+        return disjoint_split_placing_classes(maps[0], c.fractions, c.seed, c.patch, c.block)
+    if c.split == "disjoint":
+        return tile_split(maps, c.fractions, c.seed), 0, c.block
+    if c.split == "stratified":
+        return stratified_split(flat, c.fractions, c.seed), 0, c.block
+    raise HsiInputError(f"split {c.split!r}: expected stratified or disjoint")
+
+
+def _check_placed(c: ClassificationSettings, counts, names, flat, tiled: bool, block) -> list[str]:
+    """The classes missing from a split: an error, or a warning with hsi.classification.missing_class: warn."""
     absent = missing_classes(counts, c.fractions, names, flat)
     if absent:
         hint = ""
@@ -201,6 +172,71 @@ def preprocess_classification(
         if c.missing_class == "error":
             raise HsiInputError(message)
         log.warning("%s", message)
+    return absent
+
+
+def _unlabel_incomplete(c: ClassificationSettings, cubes: _Cubes, raw_maps: list[np.ndarray]) -> tuple[int, int, int]:
+    """Pass 1: the missing pixels of each image; a labelled pixel whose window holds one is no
+    patch centre (set to 0 in ``raw_maps``). Returns the pixels filled, missing and unlabelled."""
+    filled = missing_total = dropped = 0
+    for i, labels in enumerate(raw_maps):
+        _, missing, n = cubes.first_read(i)
+        filled += n
+        missing_total += int(missing.sum())
+        incomplete = (labels > 0) & ~complete_windows(missing, c.patch)
+        dropped += int(incomplete.sum())
+        labels[incomplete] = 0
+    if dropped:
+        log.warning("%s: %d labelled pixels have a missing pixel in their window; not used", c.labels, dropped)
+    return filled, missing_total, dropped
+
+
+def _label_attrs(coding, counts, absent: list[str]) -> dict:
+    """What a patch store says of its labels: the classes, the ground truth's values, the
+    samples per class and split."""
+    return {
+        "class_names": coding.names,
+        "label_values": coding.values,
+        "ignored_label_values": json.dumps(coding.ignored),
+        "class_counts": json.dumps(counts),
+        "classes_missing_from_a_split": absent,
+        "label_note": "label = class 1..K; class k has the ground truth's value label_values[k-1]; 0 "
+        "(unlabelled), the label file's nodata value and ignored_label_values are never samples",
+    }
+
+
+def _check_patching(c: ClassificationSettings, tiled: bool) -> None:
+    if c.patch < 1 or c.patch % 2 == 0:
+        raise HsiInputError(f"patch size {c.patch} must be odd, so the patch is centred on its pixel")
+    if tiled and c.block is not None:
+        raise HsiInputError(
+            f"hsi.classification.block {c.block}: a tile set's disjoint split places whole tiles; leave block unset"
+        )
+
+
+def preprocess_classification(
+    c: ClassificationSettings, opts: BandOptions, output: str | Path, config: dict | None = None
+) -> Path:
+    """Patches centred on labelled pixels of one scene, or of every tile of a tile set."""
+    tiled = has_wildcard(c.image)
+    _check_patching(c, tiled)
+    pairs = tile_pairs(c.image, c.labels)
+    images, sel = open_images([p for p, _ in pairs], opts)
+    nb = sel.keep.size
+    raw_maps = [_label_map(c, img, lpath) for img, (_, lpath) in zip(images, pairs)]
+    cubes = _Cubes(images, sel.keep, opts.nan_policy)
+    filled, missing_total, dropped_missing = _unlabel_incomplete(c, cubes, raw_maps)
+    # The classes: the values left with a usable pixel (no class without samples).
+    coding = labelling.coding(raw_maps, c.labels, c.ignore_labels, c.noncontiguous_labels, c.class_names)
+    if coding.ignored:
+        log.info("%s: label values %s taken as unlabelled (hsi.classification.ignore_labels)", c.labels, coding.ignored)
+    maps = [coding.apply(m) for m in raw_maps]
+    n_classes, names = len(coding.values), coding.names
+    flat = np.concatenate([m.ravel() for m in maps])
+    splits, dropped, block = _split(c, maps, flat, tiled)
+    counts = class_counts(flat, splits, n_classes)
+    log.info("samples per class and split (%s split):\n%s", c.split, format_counts(counts, names))
+    absent = _check_placed(c, counts, names, flat, tiled, block)
     offsets = np.cumsum([0] + [m.size for m in maps])
 
     def local(split: str, i: int) -> np.ndarray:
@@ -221,13 +257,7 @@ def preprocess_classification(
         ),
         **band_attrs(sel, images[0].shape[2]),
         **_source_attrs(images, missing_total),
-        "class_names": names,
-        "label_values": coding.values,
-        "ignored_label_values": json.dumps(coding.ignored),
-        "class_counts": json.dumps(counts),
-        "classes_missing_from_a_split": absent,
-        "label_note": "label = class 1..K; class k has the ground truth's value label_values[k-1]; 0 "
-        "(unlabelled), the label file's nodata value and ignored_label_values are never samples",
+        **_label_attrs(coding, counts, absent),
         "patch": c.patch,
         "split_method": c.split + (" (whole tiles)" if tiled and c.split == "disjoint" else ""),
         "split_fractions": list(map(float, c.fractions)),
@@ -266,6 +296,19 @@ def preprocess_classification(
 
 
 # -- masked autoencoding -------------------------------------------------------------------------
+def _tile_splits(n: int, fractions, seed: int) -> np.ndarray:
+    """The split (0 train, 1 val, 2 test) of each of ``n`` tiles: a seeded shuffle cut by the
+    fractions, at least one training tile."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_train = max(1, int(round(fractions[0] * n)))
+    n_val = int(round(fractions[1] * n))
+    split_of = np.empty(n, int)
+    split_of[order[:n_train]] = 0
+    split_of[order[n_train : n_train + n_val]] = 1
+    split_of[order[n_train + n_val :]] = 2
+    return split_of
+
+
 def preprocess_tiles(t: TileSettings, opts: BandOptions, output: str | Path, config: dict | None = None) -> Path:
     """Non-overlapping tiles of every image, those holding a missing pixel left out; a
     seeded shuffle assigns them to splits."""
@@ -300,13 +343,7 @@ def preprocess_tiles(t: TileSettings, opts: BandOptions, output: str | Path, con
         raise HsiInputError(
             f"no complete {t.tile}x{t.tile} tile: every tile of {', '.join(paths[:3])} has a missing pixel"
         )
-    order = np.random.default_rng(t.seed).permutation(len(tiles))
-    n_train = max(1, int(round(f[0] * len(tiles))))
-    n_val = int(round(f[1] * len(tiles)))
-    split_of = np.empty(len(tiles), int)
-    split_of[order[:n_train]] = 0
-    split_of[order[n_train : n_train + n_val]] = 1
-    split_of[order[n_train + n_val :]] = 2
+    split_of = _tile_splits(len(tiles), f, t.seed)
     for k in range(len(tiles)):
         if split_of[k] == 0:
             stats.add_partial(per_tile[k])
