@@ -260,6 +260,59 @@ def read_geotiff_labels(path: str) -> LabelMap:
 PRISMA_SWATH = re.compile(r"PRS_L2[BCD]_HCO")
 
 
+def _prisma_detector(f, path: str, swath: str, det: str, name: str) -> dict:
+    """One detector's cube of a PRISMA file: its key and shape, the file indices of its used
+    bands by increasing wavelength, their centres and widths, its scale factors."""
+    key = f"HDFEOS/SWATHS/{swath}/Data Fields/{det}_Cube"
+    if key not in f:
+        raise HsiInputError(f"{path}: no {key}; expected PRISMA's VNIR and SWIR cubes")
+    shape = f[key].shape
+    if len(shape) != 3:
+        raise HsiInputError(f"{path}: {key} has shape {shape}; expected (rows, bands, cols)")
+    attrs = {}
+    for a in (f"List_Cw_{name}", f"List_Fwhm_{name}", f"L2Scale{name}Min", f"L2Scale{name}Max"):
+        if a not in f.attrs:
+            raise HsiInputError(f"{path}: no file attribute {a}; expected PRISMA's band list and scale factors")
+        attrs[a] = np.asarray(f.attrs[a], dtype=np.float64).ravel()
+    cw = check_band_list(attrs[f"List_Cw_{name}"], f"List_Cw_{name}", shape[1], f"{path} {det}_Cube")
+    fw = check_band_list(attrs[f"List_Fwhm_{name}"], f"List_Fwhm_{name}", shape[1], f"{path} {det}_Cube")
+    lo, hi = float(attrs[f"L2Scale{name}Min"][0]), float(attrs[f"L2Scale{name}Max"][0])
+    bad = ~np.isfinite(cw) | (cw < 0)
+    if bad.any() or not (cw > 0).any():
+        found = f"{cw[bad][0]} at band {np.flatnonzero(bad)[0]}" if bad.any() else f"all {cw.size} are 0"
+        raise HsiInputError(
+            f"{path}: List_Cw_{name} gives no usable band centres ({found}); expected the {det} "
+            "bands' centres in nm (0 for an unused band)"
+        )
+    used = np.flatnonzero(cw > 0)
+    order = used[np.argsort(cw[used], kind="stable")]
+    return {
+        "key": key,
+        "shape": shape,
+        "index": order,
+        "cw": cw[order],
+        "fwhm": fw[order],
+        "lo": lo,
+        "hi": hi,
+    }
+
+
+def _prisma_bands(v: dict, s: dict, detector_overlap: str) -> tuple[np.ndarray, ...]:
+    """Centres, widths, good-band list, scale and offset of the VNIR then SWIR bands; the
+    detector not kept is marked bad where the two overlap."""
+    wl = np.concatenate([v["cw"], s["cw"]])
+    fwhm = np.concatenate([v["fwhm"], s["fwhm"]])
+    nv, ns = v["cw"].size, s["cw"].size
+    bbl = np.ones(wl.size)
+    if detector_overlap == "swir" and ns:
+        bbl[:nv][v["cw"] >= s["cw"].min()] = 0
+    elif detector_overlap == "vnir" and nv:
+        bbl[nv:][s["cw"] <= v["cw"].max()] = 0
+    scale = np.concatenate([np.full(nv, (v["hi"] - v["lo"]) / 65535), np.full(ns, (s["hi"] - s["lo"]) / 65535)])
+    offset = np.concatenate([np.full(nv, v["lo"]), np.full(ns, s["lo"])])
+    return wl, fwhm, bbl, scale, offset
+
+
 def read_prisma(path: str, detector_overlap: str) -> HyperspectralImage:
     """VNIR then SWIR bands, each by increasing wavelength, unused (0 nm) bands left out; the
     bands of the detector that ``detector_overlap`` does not keep are marked bad where the two
@@ -280,40 +333,7 @@ def read_prisma(path: str, detector_overlap: str) -> HyperspectralImage:
                 f"{names or 'none'}"
             )
         swath = names[0]
-        parts = {}
-        for det, name in (("VNIR", "Vnir"), ("SWIR", "Swir")):
-            key = f"HDFEOS/SWATHS/{swath}/Data Fields/{det}_Cube"
-            if key not in f:
-                raise HsiInputError(f"{path}: no {key}; expected PRISMA's VNIR and SWIR cubes")
-            shape = f[key].shape
-            if len(shape) != 3:
-                raise HsiInputError(f"{path}: {key} has shape {shape}; expected (rows, bands, cols)")
-            attrs = {}
-            for a in (f"List_Cw_{name}", f"List_Fwhm_{name}", f"L2Scale{name}Min", f"L2Scale{name}Max"):
-                if a not in f.attrs:
-                    raise HsiInputError(f"{path}: no file attribute {a}; expected PRISMA's band list and scale factors")
-                attrs[a] = np.asarray(f.attrs[a], dtype=np.float64).ravel()
-            cw = check_band_list(attrs[f"List_Cw_{name}"], f"List_Cw_{name}", shape[1], f"{path} {det}_Cube")
-            fw = check_band_list(attrs[f"List_Fwhm_{name}"], f"List_Fwhm_{name}", shape[1], f"{path} {det}_Cube")
-            lo, hi = float(attrs[f"L2Scale{name}Min"][0]), float(attrs[f"L2Scale{name}Max"][0])
-            bad = ~np.isfinite(cw) | (cw < 0)
-            if bad.any() or not (cw > 0).any():
-                found = f"{cw[bad][0]} at band {np.flatnonzero(bad)[0]}" if bad.any() else f"all {cw.size} are 0"
-                raise HsiInputError(
-                    f"{path}: List_Cw_{name} gives no usable band centres ({found}); expected the {det} "
-                    "bands' centres in nm (0 for an unused band)"
-                )
-            used = np.flatnonzero(cw > 0)
-            order = used[np.argsort(cw[used], kind="stable")]
-            parts[det] = {
-                "key": key,
-                "shape": shape,
-                "index": order,
-                "cw": cw[order],
-                "fwhm": fw[order],
-                "lo": lo,
-                "hi": hi,
-            }
+        parts = {det: _prisma_detector(f, path, swath, det, name) for det, name in (("VNIR", "Vnir"), ("SWIR", "Swir"))}
         rows, cols = parts["VNIR"]["shape"][0], parts["VNIR"]["shape"][2]
         if parts["SWIR"]["shape"][0] != rows or parts["SWIR"]["shape"][2] != cols:
             raise HsiInputError(
@@ -325,18 +345,8 @@ def read_prisma(path: str, detector_overlap: str) -> HyperspectralImage:
             if a in f.attrs:
                 geo[a] = np.asarray(f.attrs[a]).ravel()[0].item()
     v, s = parts["VNIR"], parts["SWIR"]
-    wl = np.concatenate([v["cw"], s["cw"]])
-    fwhm = np.concatenate([v["fwhm"], s["fwhm"]])
     nv = v["cw"].size
-    bbl = np.ones(wl.size)
-    if detector_overlap == "swir" and s["cw"].size:
-        bbl[:nv][v["cw"] >= s["cw"].min()] = 0
-    elif detector_overlap == "vnir" and v["cw"].size:
-        bbl[nv:][s["cw"] <= v["cw"].max()] = 0
-    scale = np.concatenate(
-        [np.full(nv, (v["hi"] - v["lo"]) / 65535), np.full(s["cw"].size, (s["hi"] - s["lo"]) / 65535)]
-    )
-    offset = np.concatenate([np.full(nv, v["lo"]), np.full(s["cw"].size, s["lo"])])
+    wl, fwhm, bbl, scale, offset = _prisma_bands(v, s, detector_overlap)
     detector = np.array(["VNIR"] * nv + ["SWIR"] * s["cw"].size)
     file_index = np.concatenate([v["index"], s["index"]])
 
