@@ -52,6 +52,45 @@ def class_counts(labels: np.ndarray, splits: dict[str, np.ndarray], k: int) -> d
     return {s: np.bincount(flat[idx], minlength=k + 1)[1:].astype(int).tolist() for s, idx in splits.items()}
 
 
+def _repair(assign: np.ndarray, kept, per_block: np.ndarray, wanted: list[int], nbx: int, ny: int) -> np.ndarray:
+    """Blocks moved so that a class absent from a split gets there (a block, or a block with its
+    neighbours, whose move leaves no class absent from another split); ``kept(assign)``: the
+    kept centres per (split, class); ``nbx`` x ``ny`` blocks."""
+    n_classes = per_block.shape[1] - 1
+    for _ in range(3):
+        counts = kept(assign)
+        missing = [
+            (k, s) for k in range(1, n_classes + 1) for s in wanted if counts[s, k] == 0 and per_block[:, k].any()
+        ]
+        if not missing:
+            break
+        for k, s in missing:
+            counts = kept(assign)
+            if counts[s, k]:
+                continue
+            present = counts > 0
+            for b in np.flatnonzero(per_block[:, k])[np.argsort(-per_block[per_block[:, k] > 0, k], kind="stable")][
+                :24
+            ]:
+                by, bx = divmod(int(b), nbx)
+                around = [
+                    y * nbx + x
+                    for y in range(max(0, by - 1), min(ny, by + 2))
+                    for x in range(max(0, bx - 1), min(nbx, bx + 2))
+                ]
+                moved = False
+                for region in ([int(b)], around):
+                    trial = assign.copy()
+                    trial[region] = s
+                    after = kept(trial)
+                    if after[s, k] and np.all(after[present] > 0):
+                        assign, moved = trial, True
+                        break
+                if moved:
+                    break
+    return assign
+
+
 def disjoint_split(
     labels: np.ndarray, fractions, seed: int, block: int, patch: int
 ) -> tuple[dict[str, np.ndarray], int]:
@@ -109,38 +148,7 @@ def disjoint_split(
 
     # 4. repair: a class still absent from a split (its pixels near block edges only) gets a
     #    block, or a block with its neighbours, moved there if no class leaves another split
-    ny = block_id.shape[0] // block + (block_id.shape[0] % block > 0)
-    for _ in range(3):
-        counts = kept(assign)
-        missing = [
-            (k, s) for k in range(1, n_classes + 1) for s in wanted if counts[s, k] == 0 and per_block[:, k].any()
-        ]
-        if not missing:
-            break
-        for k, s in missing:
-            counts = kept(assign)
-            if counts[s, k]:
-                continue
-            present = counts > 0
-            for b in np.flatnonzero(per_block[:, k])[np.argsort(-per_block[per_block[:, k] > 0, k], kind="stable")][
-                :24
-            ]:
-                by, bx = divmod(int(b), nbx)
-                around = [
-                    y * nbx + x
-                    for y in range(max(0, by - 1), min(ny, by + 2))
-                    for x in range(max(0, bx - 1), min(nbx, bx + 2))
-                ]
-                moved = False
-                for region in ([int(b)], around):
-                    trial = assign.copy()
-                    trial[region] = s
-                    after = kept(trial)
-                    if after[s, k] and np.all(after[present] > 0):
-                        assign, moved = trial, True
-                        break
-                if moved:
-                    break
+    assign = _repair(assign, kept, per_block, wanted, nbx, -(-rows // block))
     split_map = assign[block_id]
     pure = _pure(split_map, patch)
     out = {s: np.flatnonzero((labelled & pure & (split_map == i)).ravel()) for i, s in enumerate(SPLITS)}
