@@ -118,6 +118,23 @@ def parse_band_spec(spec: str, num_bands: int) -> list[int]:
     return sorted(out)
 
 
+def _drop_explicit(keep: np.ndarray, wavelengths, drop_bands, drop_wavelengths, source: str) -> list[str]:
+    """``drop_bands`` (1-based) and ``drop_wavelengths`` (nm ranges) cleared from ``keep``;
+    returns how."""
+    how = []
+    if drop_bands:
+        keep[parse_band_spec(drop_bands, keep.size)] = False
+        how.append(f"dropped bands {drop_bands} (1-based)")
+    for lo, hi in drop_wavelengths or []:
+        if not 0 <= lo <= hi:
+            raise BandError(f"hsi.drop_wavelengths [{lo:g}, {hi:g}]: expected a range [LO, HI] in nm, 0 <= LO <= HI")
+        if wavelengths is None:
+            raise BandError(f"{source}: drop_wavelengths given, but the image has no wavelengths")
+        keep &= ~((wavelengths >= lo) & (wavelengths <= hi))
+        how.append(f"dropped {lo:g}-{hi:g} nm")
+    return how
+
+
 def select_bands(
     num_bands: int,
     wavelengths: np.ndarray | None = None,
@@ -177,16 +194,7 @@ def select_bands(
         keep &= (wavelengths >= p.keep_nm[0]) & (wavelengths <= p.keep_nm[1])
         if bbl is not None:
             how.append(f"preset {preset}: {p.note}")
-    if drop_bands:
-        keep[parse_band_spec(drop_bands, num_bands)] = False
-        how.append(f"dropped bands {drop_bands} (1-based)")
-    for lo, hi in drop_wavelengths or []:
-        if not 0 <= lo <= hi:
-            raise BandError(f"hsi.drop_wavelengths [{lo:g}, {hi:g}]: expected a range [LO, HI] in nm, 0 <= LO <= HI")
-        if wavelengths is None:
-            raise BandError(f"{source}: drop_wavelengths given, but the image has no wavelengths")
-        keep &= ~((wavelengths >= lo) & (wavelengths <= hi))
-        how.append(f"dropped {lo:g}-{hi:g} nm")
+    how += _drop_explicit(keep, wavelengths, drop_bands, drop_wavelengths, source)
     indices = np.flatnonzero(keep)
     if indices.size == 0:
         raise BandError(f"{source}: the band selection ({'; '.join(how)}) removes every band")
