@@ -95,6 +95,29 @@ def _grid_coords(grid: LatLonGrid) -> dict:
     }
 
 
+def _weights(era5: dict, source: Era5Year, target, weights_file):
+    """(on the target grid, method, backend, the weights) of a year: inputs on the target grid
+    are copied, others regridded with ``weights_file``."""
+    reg = era5["regrid"]
+    on_grid = source.grid.order_onto(target) is not None
+    if on_grid:
+        # Also when weights were made anyway (inputs_on_grid: false, or the plan could not
+        # look): the same points are copied exactly, never interpolated.
+        method, backend = "none", "none"
+        weights = _PassThrough(source.grid, target)
+    elif weights_file is None:
+        first = source.where[source.channels[0].name][0].path
+        raise Era5InputError(
+            f"{first} is on grid {source.grid.describe()}, not on the target grid {era5['grid']} deg "
+            f"({target.describe()}): it needs regridding weights (era5-year --weights), which the pipeline "
+            "gives only when era5.regrid.inputs_on_grid is not true: set it to auto or false"
+        )
+    else:
+        method, backend = reg["method"], resolve_backend(reg["backend"])
+        weights = RegridWeights.from_netcdf(weights_file, source.grid, target, method)
+    return on_grid, method, backend, weights
+
+
 def preprocess_year(
     era5: dict, year: int, weights_file: str | Path | None, output: str | Path, config: dict | None = None
 ) -> Path:
@@ -106,23 +129,7 @@ def preprocess_year(
     source = Era5Year(era5, year)
     try:
         target = weatherbench_grid(era5["grid"])
-        reg = era5["regrid"]
-        on_grid = source.grid.order_onto(target) is not None
-        if on_grid:
-            # Also when weights were made anyway (inputs_on_grid: false, or the plan could not
-            # look): the same points are copied exactly, never interpolated.
-            method, backend = "none", "none"
-            weights = _PassThrough(source.grid, target)
-        elif weights_file is None:
-            first = source.where[source.channels[0].name][0].path
-            raise Era5InputError(
-                f"{first} is on grid {source.grid.describe()}, not on the target grid {era5['grid']} deg "
-                f"({target.describe()}): it needs regridding weights (era5-year --weights), which the pipeline "
-                "gives only when era5.regrid.inputs_on_grid is not true: set it to auto or false"
-            )
-        else:
-            method, backend = reg["method"], resolve_backend(reg["backend"])
-            weights = RegridWeights.from_netcdf(weights_file, source.grid, target, method)
+        on_grid, method, backend, weights = _weights(era5, source, target, weights_file)
         times = source.times
         channels = source.channels
         chunk = era5["time_chunk"]
