@@ -88,8 +88,15 @@ def test_advice_table_regimes_and_memory():
     w = _paper_like()
     eth = hwm.Hardware(50e-6, 200e9, 12.5e9, 8)
     res = advise(w, eth, 16, 8, rate=100e12, memory_bytes=64e9)
-    rows = {t["strategy"]: t for t in res["table"]}
+    rows = {t["strategy"]: t for t in res["table"] if t["front_end"] == "tokens"}
+    fused = {t["strategy"]: t for t in res["table"] if t["front_end"] == "fused"}
     assert set(rows) == set(STRATEGIES) and rows["dp"]["R_vs_dp"] == 0.0
+    assert set(fused) == set(STRATEGIES) - {"tp"}  # the TP baseline takes the tokens either way
+    # the fused front end holds no channel tokens: one whole model per GPU fits where the token path does not
+    assert fused["dp"]["fits"] and fused["dp"]["memory_gb"] < rows["dp"]["memory_gb"] / 2
+    assert fused["dchag-l"]["memory_gb"] < rows["dchag-l"]["memory_gb"]
+    assert fused["dp"]["compute_s"] < rows["dp"]["compute_s"]
+    assert any(r.startswith("D-CHAG: ") and "; both: " in r for r in res["reasons"])
     # 1024 channels x 2048 tokens x 2048 wide do not fit data-parallel in 64 GB; D-CHAG shrinks the front end by T
     assert not rows["dp"]["fits"] and rows["dchag-l"]["memory_gb"] < rows["tp"]["memory_gb"] / 2
     assert res["recommendation"] in {k for k, t in rows.items() if t["fits"]}
@@ -179,11 +186,15 @@ def test_memory_model_predicts_the_papers_table_within_25_percent():
     assert by["1.7B", 512, 2, "D-CHAG-C"] > 0.9 * by["1.7B", 512, 2, "baseline"]
 
 
-@pytest.mark.parametrize("aggregation,tree", [("baseline", 0), ("linear", 0), ("linear", 2), ("cross", 2)])
-def test_compute_model_counts_match_the_model_it_describes(aggregation, tree):
+@pytest.mark.parametrize(
+    "aggregation,tree,fused",
+    [(a, t, f) for f in (False, True) for a, t in (("baseline", 0), ("linear", 0), ("linear", 2), ("cross", 2))],
+)
+def test_compute_model_counts_match_the_model_it_describes(aggregation, tree, fused):
     """The cost model's FLOPs, bytes and operators of a training step (forward, backward,
     AdamW) against a count of the real one-device model's operators, at sizes the per-channel
-    and per-block counts were not taken at (width 48, 3 blocks, batch 3, 24 channels in 4 groups)."""
+    and per-block counts were not taken at (width 48, 3 blocks, batch 3, 24 channels in 4
+    groups), for the token path and the fused front end."""
     import torch
 
     from dchag.benefit.costmodel import compute_seconds
@@ -205,7 +216,7 @@ def test_compute_model_counts_match_the_model_it_describes(aggregation, tree):
         tree=tree,
         task="forecast",
         out_channels=[0, 1],
-        fused_front_end=False,  # the cost model counts the token path
+        fused_front_end=fused,
     )
     torch.manual_seed(0)
     model = ChannelViT(cfg)
@@ -230,6 +241,7 @@ def test_compute_model_counts_match_the_model_it_describes(aggregation, tree):
         act_bytes=4,
         out_channels=2,
         tree=tree,
+        fused=fused,
     )
     params = sum(p.numel() for p in model.parameters())
     assert w.params(aggregation, groups) == pytest.approx(params, rel=0.02)

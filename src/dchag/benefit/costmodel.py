@@ -21,6 +21,11 @@ channel aggregation (cross-attention; -L / -C partial aggregation under D-CHAG),
   keeps its block inputs (activation checkpointing) plus one block's working set
   (Korthikanti et al.: s·b·h·(34 + 5·a·s/h) bytes at 16 bit, divided by the TP size).
 
+``fused``: the front end without channel tokens (``model.fused_front_end``,
+dchag.model.fused): every aggregation that sees the channels absorbs the tokenizer (the
+baseline's on one rank, each D-CHAG rank's partial one, TreeK's first level); the TP
+baseline's aggregation, whose heads are split over the ranks, takes the tokens either way.
+
 Strategies: dp, fsdp-zero2, fsdp-zero3, compress-fp16, compress-int8-ef (DDP with bucketing
 and a communication hook), tp (baseline tensor parallelism), dchag-l, dchag-c (D-CHAG,
 TreeK), fixed-group (hierarchical aggregation with fixed groups, no TP), rotation (a rotating
@@ -83,6 +88,14 @@ WEIGHT_PASSES = 3  # a linear layer's fp32 weight is read forward and backward, 
 HEAD = (0.0, 20.0, 50, 50)  # lead-time and position embedding, head, un-patching, loss
 ADAM_BYTES_PER_PARAM = 84  # fp32 AdamW, one tensor at a time (torch's for-loop implementation on the CPU)
 ADAM_OPS_PER_TENSOR = 10
+# The fused front end, per absorbed aggregation (a call: one group, or one TreeK sub-group, with
+# its pixel extraction): bytes in multiples of its tensors (W: the per-head weighted pixels
+# N·C·p²·H, P: the pixels N·C·p², A: the absorbed weights C·p²·D, U: its output N·D; N = B·L,
+# at the activations' width) read and written by matmul-type and by other operators, then
+# operators and views per call. Least-squares fits to benefit/trace.py's counts of the real
+# model (12 query and 6 linear shapes: C 32-96, D 64-128, H 4-8, B 2-6; within 9 % and 2 %).
+FUSED_QUERY = ((3.05, 0.0, 21.5, 25.6), (10.95, 0.33, 22.75, 31.6), 85, 136)
+FUSED_LINEAR = ((0.0, 1.81, 2.61, 6.64), (0.0, 2.75, 25.1, 1.96), 20, 35)
 BLOCK_TENSORS, BLOCK_TP_TENSORS, BLOCK_TP_LINEARS = 14, 10, 5
 QUERY_TENSORS, QUERY_TP_TENSORS, QUERY_TP_LINEARS = 7, 6, 3
 
@@ -110,6 +123,7 @@ class Workload:
     baseline_cross_copies: float | None = None  # the baseline's aggregation, when implemented differently
     runtime_overhead: float = 0.0  # bytes: CUDA context, allocator cache, workspaces
     state_bytes: float = BYTES_PER_PARAM_STATE  # per parameter: weights, gradients, optimizer state
+    fused: bool = False  # the front end without channel tokens (model.fused_front_end)
 
     # -- parameters -------------------------------------------------------------------------
     def backbone_params(self) -> float:
@@ -256,6 +270,13 @@ class Workload:
     def front_work(self, channels: int, aggregation: str, groups: int, tp: int = 1) -> list[Work]:
         """Tokenize ``channels`` channels and reduce them: baseline = one query over all of them
         (TP-split projections); hierarchical = ``groups`` partial aggregators."""
+        if self._fuses(aggregation, tp):
+            calls = groups * (self.tree or 1) if aggregation != "baseline" else 1
+            parts = [self.fused_work(channels, aggregation, calls)]
+            if aggregation != "baseline" and self.tree:  # TreeK's second level takes its K tokens
+                level2 = self.linear_work(self.tree * groups) if aggregation == "linear" else None
+                parts.append(level2 or self.query_work(self.tree, 1, 0, count=groups))
+            return parts
         if aggregation == "baseline":
             return [self.tokenizer_work(channels), self.query_work(channels, tp)]
         parts = [self.tokenizer_work(channels, groups)]
@@ -267,6 +288,34 @@ class Workload:
                 + [Work(ops=LINEAR[0][2], views=LINEAR[0][3])] * (groups - 1)
             )
         return parts + [self.query_work(per_group, 1, self.tree, count=groups)]
+
+    def _fuses(self, aggregation: str, tp: int) -> bool:
+        return self.fused and not (aggregation == "baseline" and tp > 1)
+
+    def fused_work(self, channels: int, aggregation: str, calls: int) -> Work:
+        """Tokenizing and aggregating ``channels`` channels in ``calls`` absorbed aggregations
+        (dchag.model.fused), forward and backward: the scores and weighted pixels of every head
+        (query) or one contraction of the pixels (linear), the absorbed weights formed once."""
+        n, k, d, h = self.batch * self.tokens, self.patch_size**2, self.embed_dim, self.num_heads
+        ab = self.act_bytes
+        if aggregation == "linear":
+            (mm, other, ops, views), flops = FUSED_LINEAR, 4 * n * channels * k * d + 6 * channels * d
+        else:
+            (mm, other, ops, views) = FUSED_QUERY
+            flops = (
+                n * channels * (4 * k * h + 6 * k * d + 6 * d)  # scores, weighted pixels, values
+                + 6 * channels * d * (k + 1) * (h + d)  # the absorbed key and value weights
+                + 6 * calls * (n * d * d + d * d)  # the output projection, the query
+            )
+        sizes = (n * channels * k * h * ab, n * channels * k * ab, channels * k * d * ab, calls * n * d * ab)
+        return Work(
+            flops,
+            sum(c * x for c, x in zip(mm, sizes, strict=True)),
+            sum(c * x for c, x in zip(other, sizes, strict=True)),
+            ops * calls,
+            views * calls,
+            size=sizes[1] / calls,
+        )
 
     def step_work(
         self, channels: int, aggregation: str, groups: int, tp: int, final_inputs: int, params: float, fsdp: int = 1
@@ -309,6 +358,8 @@ class Workload:
         context's gradient twice (the partial sum and its all-reduced copy): a floor of 2."""
         u = self.unit()
         p2 = self.patch_size**2
+        if self._fuses(aggregation, tp):
+            return self.fused_activations(channels, aggregation, groups)
         inputs = p2 / self.embed_dim if self.input_copies is None else self.input_copies
         package = self.token_copies is None
         tokens = (p2 + 1) / self.embed_dim + (2 if aggregation == "linear" else 1) if package else self.token_copies
@@ -323,6 +374,24 @@ class Workload:
         else:
             aggregate = 0.0
         return (inputs + tokens + aggregate) * channels * u
+
+    def fused_activations(self, channels: int, aggregation: str, groups: int) -> float:
+        """Peak front-end memory of the fused front end: what it keeps for backward, the pixels
+        and (query) each head's float32 attention weights, the absorbed weights with their
+        float32 gradient, and two chunks of working memory per call (at most
+        fused.CHUNK_ELEMENTS float32 numbers each). Against MemTracker's peaks in
+        benchmarks/results/fused_front_end{,_width512}.md: within 15 % from C = 512 on (the
+        token path's 1.3 GiB of activations at C = 512, D = 256 become 0.15); at C = 80 the
+        working memory it assumes is up to twice what the step holds."""
+        from ..model.fused import CHUNK_ELEMENTS
+
+        n, k, d, h = self.batch * self.tokens, self.patch_size**2, self.embed_dim, self.num_heads
+        query = aggregation != "linear"
+        kept = n * channels * (k * self.act_bytes + (4 * h if query else 0))
+        weights = channels * k * d * (self.act_bytes + 4)
+        calls = groups * (self.tree or 1) if aggregation != "baseline" else 1
+        per_call = n * (channels // calls) * k * (h if query else 1)
+        return kept + weights + (2 * 4 * min(CHUNK_ELEMENTS, per_call) if query else 0)
 
 
 # The paper's implementation (its artifact), from its own measurements (docs/method.md, what the paper measured):
