@@ -207,3 +207,15 @@ def test_advise_refuses_numbers_that_give_times_that_are_not_finite(tmp_path, ca
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not finite" in err, err
     assert not out.exists()
+
+
+def test_advise_with_a_flop_rate_and_no_profile_counts_flops_only(tmp_path, capsys):
+    """--flops-per-s without a calibrated profile leaves the other rates out (infinite
+    bandwidth): the advice is given, with the token and fused front ends side by side."""
+    out = tmp_path / "advice.md"
+    argv = ["advise", "--alpha", "50e-6", "--intra-bw", "200e9", "--inter-bw", "12.5e9", "--flops-per-s", "100e12"]
+    argv += ["--model", "config/era5.yaml", "--channels", "512", "--gpus", "16", "--gpus-per-node", "8"]
+    assert main([*argv, "--gpu-memory-gb", "80", "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "| dchag-l | fused | 8 |" in text and "| dp | tokens | 1 |" in text
+    assert "Recommendation: dchag-" in text and "; both: dchag-" in text

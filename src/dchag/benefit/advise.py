@@ -262,6 +262,10 @@ def format_table(result: dict) -> str:
         )
     lines += [
         "",
+        "Front end: `tokens` forms the (B, C, L, D) channel tokens, as the paper's models do; `fused` is "
+        "`model.fused_front_end: true`, the same function without them (the TP baseline splits its aggregation's "
+        "heads and takes the tokens either way).",
+        "",
         f"Regime: {result['regime']}. Recommendation: {result['recommendation']}"
         f"{' with model.fused_front_end: true' if result['fused_front_end'] else ''}.",
         *[f"- {r}" for r in result["reasons"]],

@@ -82,7 +82,8 @@ def cmd_advise(args) -> None:
         )
     else:
         raise ConfigError("give --model FILE (a config with a model section), or --gradient-bytes and --compute-s")
-    if not all(math.isfinite(v) for v in _numbers(result)):
+    # the results, not the inputs: a rate not given (no profile's bandwidth) is infinite on purpose
+    if not all(math.isfinite(v) for v in _numbers({k: v for k, v in result.items() if k != "inputs"})):
         raise ConfigError(
             "the hardware and model numbers given (--alpha, --intra-bw, --inter-bw, --flops-per-s, --compute-s, "
             "--gradient-bytes or the hardware profile) give times that are not finite: check their units"
