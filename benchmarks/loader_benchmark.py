@@ -72,8 +72,7 @@ def measure(store: Path, tp: int, batches: int, one_core: bool) -> dict:
     import torch
     from torch.utils.data import DataLoader
 
-    from dchag.train.data import ForecastDataset, store_info
-    from dchag.train.trainer import _collate
+    from dchag.train.data import ForecastDataset, collate, store_info
 
     torch.set_num_threads(1)
     names = store_info(store)["channel_names"]
@@ -108,7 +107,7 @@ def measure(store: Path, tp: int, batches: int, one_core: bool) -> dict:
                 sampler=order,
                 num_workers=workers,
                 prefetch_factor=PREFETCH if workers else None,
-                collate_fn=_collate,
+                collate_fn=collate,
             )
         )
         for _ in range(skip):  # start-up and prefetched batches: the timed ones are the same for every source

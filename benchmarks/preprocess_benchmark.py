@@ -248,8 +248,7 @@ def read_rates(store: Path, batches: int, workers: list[int], in_memory: bool) -
     import torch
     from torch.utils.data import DataLoader
 
-    from dchag.train.data import ForecastDataset, ResumableSampler, store_info
-    from dchag.train.trainer import _collate
+    from dchag.train.data import ForecastDataset, ResumableSampler, collate, store_info
 
     torch.set_num_threads(1)
     names = store_info(store)["channel_names"]
@@ -295,7 +294,7 @@ def read_rates(store: Path, batches: int, workers: list[int], in_memory: bool) -
                 drop_last=True,
                 num_workers=w,
                 prefetch_factor=2 if w else None,
-                collate_fn=_collate,
+                collate_fn=collate,
             )
             it = iter(loader)
             next(it)  # the workers' start and first batch are not the steady state

@@ -158,14 +158,14 @@ LOADER_SCRIPT = """
 import sys, torch
 from torch.utils.data import DataLoader
 from dchag.train.data import ForecastDataset, ResumableSampler
-from dchag.train.trainer import _collate
+from dchag.train.data import collate
 
 store, names = sys.argv[1], sys.argv[2].split(",")
 ds = ForecastDataset(store, names, [1, 2, 3], ["z500"], (24, 24), 0)
 sampler = ResumableSampler(len(ds), 1, 0, seed=2)
 
 def batches(workers):
-    return list(DataLoader(ds, batch_size=3, sampler=sampler, num_workers=workers, collate_fn=_collate))
+    return list(DataLoader(ds, batch_size=3, sampler=sampler, num_workers=workers, collate_fn=collate))
 
 forked = batches(2)  # the workers read with tensorstore
 print("read in this process", file=sys.stderr, flush=True)

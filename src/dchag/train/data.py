@@ -114,6 +114,23 @@ class ChunkReader:
         return [np.asarray(a).astype(np.float32, copy=False) for a in out]
 
 
+class Batch(list):
+    """A batch's samples, each a tuple of views into the batch's arrays, which the trainer's
+    collate (:func:`collate`) takes whole: a batch read at once is not copied again into a
+    stacked one (at 1.40625 deg a rank's batch is 100-340 MB)."""
+
+    def __init__(self, *arrays: np.ndarray):
+        self.tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+        super().__init__(zip(*(t.unbind(0) for t in self.tensors), strict=True))
+
+
+def collate(items: list[tuple]) -> list[torch.Tensor]:
+    """The DataLoader's collate: a :class:`Batch` as it is, any other list of samples stacked."""
+    if isinstance(items, Batch):
+        return list(items.tensors)
+    return [torch.stack(parts) for parts in zip(*items)]
+
+
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -215,9 +232,7 @@ class ForecastDataset(Dataset):
             x, y = self.x_mem[now], self.y_mem[later]
         else:
             x, y = self.reader.read((now, self.in_ids), (later, self.out_ids))
-        return [
-            (torch.from_numpy(x[k]), torch.tensor(float(lead)), torch.from_numpy(y[k])) for k, lead in enumerate(leads)
-        ]
+        return Batch(x, np.asarray(leads, np.float32), y)
 
 
 class SampleDataset(Dataset):
@@ -257,8 +272,8 @@ class SampleDataset(Dataset):
         else:
             (x,) = self.reader.read((np.asarray(indices), slice(self.lo, self.hi)))
         if self.labels is None:
-            return [(torch.from_numpy(x[k]),) for k in range(len(indices))]
-        return [(torch.from_numpy(x[k]), torch.tensor(self.labels[i])) for k, i in enumerate(indices)]
+            return Batch(x)
+        return Batch(x, self.labels[np.asarray(indices)])
 
 
 def time_step_hours(times: pd.DatetimeIndex, store) -> int:

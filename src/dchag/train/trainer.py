@@ -40,7 +40,7 @@ from ..parallel.names import unwrap
 from ..parallel.parallelize import autocast, resolve_precision
 from . import checkpoint as ckpt
 from . import finetune, state
-from .data import DataError, ResumableSampler
+from .data import DataError, ResumableSampler, collate
 from .lock import RunLock, die_with_parent
 from .metrics import MetricsLogger, StepInstruments, gather_rank_values
 from .step import NonFiniteError, TrainStep, param_groups
@@ -59,10 +59,6 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
-
-
-def _collate(items):
-    return [torch.stack(parts) for parts in zip(*items)]
 
 
 class Trainer:
@@ -208,7 +204,7 @@ class Trainer:
             drop_last=drop_last,
             num_workers=workers,
             prefetch_factor=self.cfg.train.prefetch_factor if workers else None,
-            collate_fn=_collate,
+            collate_fn=collate,
             persistent_workers=False,
         )
 
