@@ -111,7 +111,7 @@ def test_a_runs_config_holds_only_that_run_and_its_dataset():
     other = copy.deepcopy(s.raw)
     other["train"]["runs"]["mae-baseline"]["train"] = {"lr": 0.5}
     assert plan.run_config(settings(other), "mae-dchag") == cfg
-    assert plan.run_train_settings(s, "forecast-dchag").nproc == s.train.nproc
+    assert plan.Plan(_demo()).run_train("forecast-dchag").nproc == s.train.nproc
 
 
 def test_config_files_are_content_addressed(tmp_path):

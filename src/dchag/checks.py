@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import ConfigError, Settings, run_settings
-
-DATA_SECTIONS = {"forecast": ("era5", None), "mae": ("hsi", "mae"), "classification": ("hsi", "classification")}
+from .config import ConfigError, RunSettings, Settings
+from .runs import TASK_SPECS, Run, resolve, task_spec
 
 
 def era5_split_steps(era5: dict, split: str) -> int:
@@ -28,28 +27,28 @@ def era5_split_steps(era5: dict, split: str) -> int:
     return sum(days) * per_day
 
 
-def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_size: int | None = None) -> None:
+def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_size: int | None = None) -> Run:
     # ``runs``: the runs to look ``run`` up in (the plan's include the verification runs)
     """Everything about training run ``run`` that can be checked before a job runs: its task's
     data section, the process layout against the parallel section, tensor parallelism against
     the heads and channels, the patch against the image or tile, the mask ratio against the
     patch count, the forecast outputs and leads against the channels and time step, the batch
     against the split's size. ``world_size``: the processes started (default: train.nproc x
-    train.nodes). Raises ConfigError naming the key and value."""
+    train.nodes). Raises ConfigError naming the key and value; returns the run, resolved."""
     from .layout import ParallelConfigError, data_parallel_size
 
     runs = runs if runs is not None else s.train.runs
     key = f"train.runs.{run}"
     spec = runs[run]
-    task = spec["task"]
-    section, sub = DATA_SECTIONS[task]
-    data = getattr(s, section)
-    if data is None or (sub is not None and sub not in data):
-        need = f"{section}.{sub}" if sub else section
-        raise ConfigError(f"config key '{key}': task {task!r} needs an '{need}' section (the data it trains on)")
-    r = run_settings({**s.raw, "train": {**s.raw.get("train", {}), "runs": runs}}, run)
+    task = task_spec(spec["task"])
+    if task.data(s) is None:
+        raise ConfigError(
+            f"config key '{key}': task {task.task.value!r} needs an '{task.data_key}' section (the data it trains on)"
+        )
+    resolved = resolve(s.raw, run, runs)
+    r = resolved.settings
     m, par, t = r.model, r.parallel, r.train
-    check_init(s, run, runs)
+    check_init(s, run, runs, r)
     world = world_size or t.nproc * t.nodes
     try:
         dp = data_parallel_size(par.tp, par.data_parallel, world)
@@ -76,67 +75,8 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
                 f"model.groups {m.groups} with parallel.tp {par.tp}"
             )
     groups = (m.groups or par.tp) if hierarchical else 1
-    if task == "forecast":
-        from .era5.source import channel_names, forecast_outputs
-        from .grids import weatherbench_grid
-
-        era5 = s.era5
-        names = channel_names(era5)
-        unknown = [c for c in (spec.get("channels") or []) if c not in names]
-        if unknown:
-            raise ConfigError(f"config key '{key}.channels': {unknown} are not era5 channels ({', '.join(names)})")
-        if spec.get("channels"):
-            names = [n for n in names if n in spec["channels"]]
-        if groups > len(names):
-            raise ConfigError(f"config key '{key}': {groups} channel groups for the {len(names)} input channels")
-        outputs = forecast_outputs(t.forecast.outputs, names)
-        unknown = [o for o in outputs if o not in names]
-        if unknown or not outputs:
-            raise ConfigError(
-                f"config key 'train.forecast.outputs' (run {run}): {unknown or outputs} are not input "
-                f"channels; the channels are {', '.join(names)}"
-            )
-        h, w = weatherbench_grid(era5["grid"]).shape
-        if h % m.patch_size or w % m.patch_size:
-            raise ConfigError(
-                f"config key '{key}': model.patch_size {m.patch_size} does not divide the "
-                f"{era5['grid']} deg grid ({h} x {w})"
-            )
-        step = era5["time_step_hours"]
-        lo, hi = t.forecast.lead_hours
-        if lo > hi or lo % step or hi % step:
-            raise ConfigError(
-                f"config key 'train.forecast.lead_hours' (run {run}): [{lo}, {hi}] must be multiples "
-                f"of era5.time_step_hours {step}, lowest first"
-            )
-        samples = era5_split_steps(era5, "train") - hi // step
-        if samples < t.batch_size * dp:
-            raise ConfigError(
-                f"config key '{key}': the training years have {max(samples, 0)} samples at lead up to "
-                f"{hi} h, fewer than one batch of {t.batch_size} on each of {dp} data-parallel "
-                "rank(s); lower train.batch_size or train.forecast.lead_hours, or add years"
-            )
-    else:
-        if spec.get("channels"):
-            raise ConfigError(f"config key '{key}.channels': a channel subset is for forecast runs (ERA5 channels)")
-        hsi = s.hsi
-        if not hsi[sub]["fractions"][1]:
-            raise ConfigError(
-                f"config key 'hsi.{sub}.fractions' (run {run}): {hsi[sub]['fractions']} leaves the validation split "
-                "empty: the validation loss would be undefined"
-            )
-        size = hsi["mae"]["tile"] if task == "mae" else hsi["classification"]["patch"]
-        what = "hsi.mae.tile" if task == "mae" else "hsi.classification.patch"
-        if size % m.patch_size:
-            raise ConfigError(f"config key '{key}': model.patch_size {m.patch_size} does not divide {what} {size}")
-        if task == "mae":
-            patches = (size // m.patch_size) ** 2
-            keep = max(1, int(round(patches * (1 - t.mae.mask_ratio))))
-            if keep >= patches:
-                raise ConfigError(
-                    f"config key 'train.mae.mask_ratio' (run {run}): {t.mae.mask_ratio} masks none of "
-                    f"the {patches} patches of a tile; at least one must be masked and one kept"
-                )
+    task.check(s, r, spec, groups, dp)
+    return resolved
 
 
 def block_parameters(dim: int, mlp_ratio: float) -> int:
@@ -153,7 +93,7 @@ def check_model_size(key: str, r) -> None:
     m, t = r.model, r.train
     blocks = m.depth * block_parameters(m.embed_dim, m.mlp_ratio)
     what = f"model.embed_dim {m.embed_dim}, model.depth {m.depth}"
-    if r.task == "mae":
+    if task_spec(r.task).masked:
         blocks += m.decoder.depth * block_parameters(m.decoder.dim, m.mlp_ratio)
         what += f", model.decoder.dim {m.decoder.dim}, model.decoder.depth {m.decoder.depth}"
     mb = blocks * 4 / 2**20
@@ -167,8 +107,6 @@ def check_model_size(key: str, r) -> None:
 
 FREEZABLE = ("tokenizer", "aggregation", "blocks", "head")  # train.freeze's parts (dchag.train.finetune.PARTS)
 
-FAMILIES = {"forecast": "ERA5 channels", "mae": "hyperspectral bands", "classification": "hyperspectral bands"}
-
 
 def init_source(run: str, runs: dict[str, dict]) -> tuple[str, str] | None:
     """("run", name) or ("model", path) of a run's init_from, or None."""
@@ -178,19 +116,18 @@ def init_source(run: str, runs: dict[str, dict]) -> tuple[str, str] | None:
     return ("run", src) if src in runs else ("model", src)
 
 
-def check_init(s: Settings, run: str, runs: dict[str, dict]) -> None:
+def check_init(s: Settings, run: str, runs: dict[str, dict], r: RunSettings) -> None:
     """A run's init_from names a run of train.runs or an exported model folder, follows no
     cycle, comes from data of the same family (named ERA5 channels, or bands); freezing needs
     a source, a linear probe a classifier."""
     key = f"train.runs.{run}"
     spec = runs[run]
-    r = run_settings({**s.raw, "train": {**s.raw.get("train", {}), "runs": runs}}, run)
     if (r.train.freeze or r.train.linear_probe) and not spec.get("init_from"):
         raise ConfigError(
             f"config key '{key}': train.freeze / train.linear_probe freeze pretrained parts; give init_from "
             "(a run or an exported model) to start from"
         )
-    if r.train.linear_probe and spec["task"] != "classification":
+    if r.train.linear_probe and not task_spec(spec["task"]).classifies:
         raise ConfigError(
             f"config key '{key}': train.linear_probe trains a classifier head; this is a {spec['task']} run"
         )
@@ -230,12 +167,13 @@ def check_init(s: Settings, run: str, runs: dict[str, dict]) -> None:
             src_task = json.loads(meta.read_text()).get("task")
         except (ValueError, AttributeError) as err:
             raise ConfigError(f"config key '{key}.init_from': {meta} is not a dchag model description: {err}") from None
-        if src_task not in FAMILIES:
+        if src_task not in TASK_SPECS:
             raise ConfigError(f"config key '{key}.init_from': {meta} describes no dchag model (task {src_task!r})")
-    if FAMILIES[src_task] != FAMILIES[spec["task"]]:
+    src_family, family = task_spec(src_task).family, task_spec(spec["task"]).family
+    if src_family != family:
         raise ConfigError(
-            f"config key '{key}.init_from': a {src_task} model reads {FAMILIES[src_task]}, this {spec['task']} run "
-            f"reads {FAMILIES[spec['task']]}: nothing to match its channels by"
+            f"config key '{key}.init_from': a {src_task} model reads {src_family}, this {spec['task']} run "
+            f"reads {family}: nothing to match its channels by"
         )
     if kind == "model":  # the whole folder, as loading checks it before hashing: sizes, header, shapes
         from .model.file import ArtifactError, check

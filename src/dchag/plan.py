@@ -15,20 +15,9 @@ from pathlib import Path
 from .checks import check_run, era5_split_steps, init_source
 from .config import ConfigError, Settings, TrainSettings, run_settings, settings
 from .jobs import JobShape, era5_mem_mb
+from .runs import TASK_SPECS, Run, RunPaths, task_spec
 
 BASELINE_FORECASTS = ("persistence", "climatology")
-# Where each task's stores are under a data root (results/<name> in the pipeline).
-DEFAULT_STORES = {
-    "forecast": {"train": "era5/train.zarr", "val": "era5/val.zarr"},
-    "mae": {"train": "hsi/mae.zarr", "val": "hsi/mae.zarr"},
-    "classification": {"train": "hsi/classification.zarr", "val": "hsi/classification.zarr"},
-}
-
-
-def default_stores(config: dict, task: str, data_root: str | Path | None = None) -> dict[str, Path]:
-    """The task's train/val stores under ``data_root`` (default results/<name>)."""
-    root = Path(data_root) if data_root else Path("results") / config["name"]
-    return {split: root / rel for split, rel in DEFAULT_STORES[task].items()}
 
 
 def verify_runs(s: Settings) -> dict[str, dict]:
@@ -92,12 +81,9 @@ def all_runs(s: Settings) -> dict[str, dict]:
 
 def runs_of(s: Settings, task: str) -> list[str]:
     """The config's runs of ``task`` (only where the config has that task's dataset)."""
-    present = {
-        "forecast": s.era5 is not None,
-        "mae": bool(s.hsi and "mae" in s.hsi),
-        "classification": bool(s.hsi and "classification" in s.hsi),
-    }
-    return [r for r, spec in s.train.runs.items() if spec["task"] == task] if present[task] else []
+    if task_spec(task).data(s) is None:
+        return []
+    return [r for r, spec in s.train.runs.items() if spec["task"] == task]
 
 
 def forecast_runs(s: Settings) -> list[str]:
@@ -171,12 +157,12 @@ def foundation(s: Settings) -> dict[str, dict[str, str]]:
     for variant, by_start in s.evaluate.foundation.items():
         key = f"evaluate.foundation.{variant}"
         for start, run in by_start.items():
-            if run not in runs or runs[run]["task"] != "classification":
+            if run not in runs or not task_spec(runs[run]["task"]).classifies:
                 raise ConfigError(f"config key '{key}.{start}': {run!r} is not a classification run of train.runs")
         r = {start: run_settings(s.raw, run) for start, run in by_start.items()}
         for start in ("fine_tuned", "linear_probe"):
             src = runs[by_start[start]].get("init_from")
-            if src not in runs or runs[src]["task"] != "mae":
+            if src not in runs or not task_spec(runs[src]["task"]).masked:
                 raise ConfigError(
                     f"config key '{key}.{start}': run {by_start[start]!r} must start from an mae run (init_from)"
                 )
@@ -192,18 +178,12 @@ def foundation(s: Settings) -> dict[str, dict[str, str]]:
     return out
 
 
-def run_train_settings(s: Settings, run: str) -> TrainSettings:
-    """A run's train settings (top-level with its overrides): processes, nodes, GPUs."""
-    raw = s.raw
-    return run_settings({**raw, "train": {**raw.get("train", {}), "runs": all_runs(s)}}, run).train
-
-
 def run_config(s: Settings, run: str) -> dict:
     """The config a training run's jobs get: its dataset section, model, parallel, and train
     with only this run (adding or changing another run does not retrain this one)."""
     raw = s.raw
-    task = all_runs(s)[run]["task"]
-    sections = ["era5" if task == "forecast" else "hsi", *(k for k in ("model", "parallel") if k in raw)]
+    task = task_spec(all_runs(s)[run]["task"])
+    sections = [task.section, *(k for k in ("model", "parallel") if k in raw)]
     cfg = {"name": raw["name"], **{k: raw[k] for k in sections}}
     cfg["train"] = {**raw.get("train", {}), "runs": {run: all_runs(s)[run]}}
     return cfg
@@ -231,7 +211,6 @@ def write_config(cfg: dict, label: str, directory: str | Path) -> Path:
 
 # -- the whole plan, as the rules wire it ------------------------------------------------------
 ERA5_SPLITS = ("train", "val", "test")
-HSI_STORES = ("classification", "mae")  # hsi config sections that make a store
 
 
 class Plan:
@@ -262,10 +241,9 @@ class Plan:
 
         self.paper_sweeps = sweep.sweeps(self.paper) if self.paper else {}
         self.paper_points = sweep.all_points(self.paper) if self.paper else {}
-        self._train: dict[str, TrainSettings] = {}
         self._era5_on_grid: bool | None = None
-        for run in self.all_runs:
-            check_run(s, run, self.all_runs)
+        # every run resolved and checked once: the rules take its settings and paths from here
+        self.runs: dict[str, Run] = {run: check_run(s, run, self.all_runs) for run in self.all_runs}
         if self.forecast_runs:
             self._check_evaluation()
 
@@ -351,9 +329,11 @@ class Plan:
     # -- training ---------------------------------------------------------------------------
     def run_train(self, run: str) -> TrainSettings:
         """A run's train settings (top-level with its overrides): processes, nodes, GPUs."""
-        if run not in self._train:
-            self._train[run] = run_train_settings(self.settings, run)
-        return self._train[run]
+        return self.runs[run].settings.train
+
+    def run_paths(self, run: str) -> RunPaths:
+        """A run's paths; ``run`` may be a wildcard (``{run}``)."""
+        return RunPaths(self.results, run)
 
     def train_shape(self, run: str) -> JobShape:
         t = self.run_train(run)
@@ -361,8 +341,7 @@ class Plan:
 
     def run_stores(self, run: str) -> dict[str, str]:
         """The stores a run trains on: train and val."""
-        stores = default_stores(self.settings.raw, self.all_runs[run]["task"], self.results)
-        return {split: str(path) for split, path in stores.items()}
+        return {split: str(path) for split, path in self.runs[run].stores().items()}
 
     def init_model(self, run: str) -> str | None:
         """The exported model folder a run starts from: a source run's ``<run>/model`` (exported
@@ -371,7 +350,7 @@ class Plan:
         if source is None:
             return None
         kind, name = source
-        return f"{self.results}/train/{name}/model" if kind == "run" else name
+        return self.run_paths(name).model if kind == "run" else name
 
     def exported_runs(self) -> list[str]:
         """Runs another run starts from (their exported models are made by the pipeline)."""
@@ -410,12 +389,13 @@ class Plan:
         ]
 
     def hsi_outputs(self) -> list[str]:
-        return [f"{self.results}/hsi/{task}.zarr" for task in HSI_STORES if task in self.hsi]
+        hsi = [t for t in TASK_SPECS.values() if t.section == "hsi" and t.data(self.settings) is not None]
+        return sorted({str(store) for t in hsi for store in t.default_stores(self.results).values()})
 
     def train_outputs(self) -> list[str]:
         if not self.train_runs:
             return []
-        return [f"{self.results}/train/{run}/final" for run in self.train_runs] + [f"{self.results}/train/summary.csv"]
+        return [self.run_paths(run).final for run in self.train_runs] + [f"{self.results}/train/summary.csv"]
 
     def eval_outputs(self) -> list[str]:
         out = []

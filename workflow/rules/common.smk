@@ -27,6 +27,7 @@ except ConfigError as err:
     raise WorkflowError(str(err))
 
 RESULTS, LOGS, EVAL_DIR, FIGURES = P.results, P.logs, P.eval_dir, P.figures
+RUN = P.run_paths("{run}")  # a training run's paths, by the wildcard {run}
 ERA5, HSI, EVAL = P.era5, P.hsi, config["evaluate"]
 HSI_DEMO_ENVI = "resources/demo/hsi/envi"
 
@@ -160,8 +161,7 @@ def train_inputs(wildcards):
     return {
         **P.run_stores(wildcards.run),
         "previous": [
-            f"{RESULTS}/train/{r}/log.csv"
-            for r in previous_repeat(wildcards.run, P.verify_runs)
+            P.run_paths(r).log for r in previous_repeat(wildcards.run, P.verify_runs)
         ],
         # the exported model it starts from (a source run's, made from its final checkpoint)
         "init": [f"{init}/model.json"] if init else [],
@@ -179,7 +179,7 @@ def model_dir(wildcards, output):
 
 def export_inputs(wildcards):
     return {
-        "final": f"{RESULTS}/train/{wildcards.run}/final",
+        "final": P.run_paths(wildcards.run).final,
         "store": P.run_stores(wildcards.run)["train"],
     }
 
@@ -206,11 +206,11 @@ def verify_inputs(wildcards):
             "snakemake verify needs a 'verify' section in the config (e.g. `verify: {}`; keys in "
             "workflow/schemas/config.schema.yaml)"
         )
-    return [f"{RESULTS}/train/{run}/log.csv" for run in P.verify_runs]
+    return [P.run_paths(run).log for run in P.verify_runs]
 
 
 def verify_run_dirs(wildcards):
-    return [f"{run}={RESULTS}/train/{run}" for run in P.verify_runs]
+    return [f"{run}={P.run_paths(run).dir}" for run in P.verify_runs]
 
 
 # -- evaluation and figures ----------------------------------------------------------------
@@ -335,7 +335,7 @@ def paper_point_files(wildcards):
 def paper_accuracy_inputs(wildcards):
     """The accuracy runs' training logs (by variant) and their comparison tables."""
     out = {
-        f"{task}_{variant}": f"{RESULTS}/train/{run}/log.csv"
+        f"{task}_{variant}": P.run_paths(run).log
         for task, runs in P.paper_accuracy.items()
         for variant, run in runs.items()
     }

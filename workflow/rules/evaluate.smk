@@ -37,7 +37,7 @@ rule wb2_climatology:
 
 rule forecast:
     input:
-        final=f"{RESULTS}/train/{{run}}/final",
+        final=RUN.final,
         test=f"{RESULTS}/era5/test.zarr",
     output:
         directory(f"{EVAL_DIR}/era5/forecast_{{run}}.zarr"),
@@ -139,7 +139,7 @@ rule compare_scores:
 
 rule evaluate_mae:
     input:
-        final=f"{RESULTS}/train/{{run}}/final",
+        final=RUN.final,
         store=f"{RESULTS}/hsi/mae.zarr",
     output:
         scores=f"{EVAL_DIR}/hsi/recon_{{run}}.json",
@@ -160,7 +160,7 @@ rule evaluate_mae:
 
 rule evaluate_classification:
     input:
-        final=f"{RESULTS}/train/{{run}}/final",
+        final=RUN.final,
         store=f"{RESULTS}/hsi/classification.zarr",
     output:
         scores=f"{EVAL_DIR}/hsi/classification_{{run}}.json",
@@ -215,7 +215,7 @@ rule hsi_scores:
 # reconstructing the first unlabelled image.
 rule predict_hindcast:
     input:
-        model=f"{RESULTS}/train/{{run}}/model/model.json",
+        model=RUN.model_json,
         test=f"{RESULTS}/era5/test.zarr",
     output:
         directory(f"{RESULTS}/predict/{{run}}/hindcast.zarr"),
@@ -237,7 +237,7 @@ rule predict_hindcast:
 
 rule predict_scene:
     input:
-        model=f"{RESULTS}/train/{{run}}/model/model.json",
+        model=RUN.model_json,
         image=classification_scene,
     output:
         store=directory(f"{RESULTS}/predict/{{run}}/scene.zarr"),
@@ -259,7 +259,7 @@ rule predict_scene:
 
 rule predict_reconstruction:
     input:
-        model=f"{RESULTS}/train/{{run}}/model/model.json",
+        model=RUN.model_json,
         image=mae_image_input,
     output:
         store=directory(f"{RESULTS}/predict/{{run}}/reconstruction.zarr"),

@@ -4,7 +4,7 @@
 
 rule fig_loss_curves:
     input:
-        [f"{RESULTS}/train/{run}/log.csv" for run in P.train_runs],
+        [P.run_paths(run).log for run in P.train_runs],
     output:
         png=report(
             f"{FIGURES}/loss_curves.png",

@@ -9,8 +9,8 @@ rule train:
     input:
         unpack(train_inputs),
     output:
-        final=directory(f"{RESULTS}/train/{{run}}/final"),
-        log=f"{RESULTS}/train/{{run}}/log.csv",
+        final=directory(RUN.final),
+        log=RUN.log,
     log:
         f"{LOGS}/train_{{run}}.log",
     benchmark:
@@ -42,8 +42,8 @@ rule export_model:
     input:
         unpack(export_inputs),
     output:
-        meta=f"{RESULTS}/train/{{run}}/model/model.json",
-        weights=f"{RESULTS}/train/{{run}}/model/model.safetensors",
+        meta=RUN.model_json,
+        weights=RUN.model_weights,
     log:
         f"{LOGS}/export_{{run}}.log",
     wildcard_constraints:
@@ -61,7 +61,7 @@ rule export_model:
 
 rule train_summary:
     input:
-        [f"{RESULTS}/train/{run}/log.csv" for run in P.train_runs],
+        [P.run_paths(run).log for run in P.train_runs],
     output:
         f"{RESULTS}/train/summary.csv",
     log:

@@ -76,9 +76,9 @@ def cmd_score_recon(args) -> None:
 
 def _hsi_store(args, cfg: dict, task: str) -> str:
     """--data, or where the pipeline puts the task's store (results/<name>/hsi/)."""
-    from ..plan import default_stores
+    from ..runs import task_spec
 
-    return args.data or str(default_stores(cfg, task)["train"])
+    return args.data or str(task_spec(task).default_stores(f"results/{cfg['name']}")["train"])
 
 
 def cmd_evaluate_mae(args) -> None:

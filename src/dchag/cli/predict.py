@@ -9,10 +9,9 @@ from .common import a_time, config_arg, positive_int
 
 def _training_store(cfg: dict, run: str, data: str | None) -> str:
     """--data, or where the pipeline puts the run's training store (results/<name>/)."""
-    from ..config import run_settings
-    from ..plan import default_stores
+    from ..runs import resolve
 
-    return data or str(default_stores(cfg, run_settings(cfg, run).task)["train"])
+    return data or str(resolve(cfg, run).stores()["train"])
 
 
 def _model(args):

@@ -7,34 +7,34 @@ from ..vocabulary import Task
 from .common import config, config_arg, nonneg_int, positive_int
 
 
-def _stores(args, cfg: dict, task: str) -> dict[str, str]:
+def _stores(args, run) -> dict[str, str]:
     """The run's train/val stores: as given, else where the pipeline puts them (results/<name>);
-    a hyperspectral store holds both groups, so its val store defaults to the training store."""
-    from ..plan import default_stores
-
-    default = default_stores(cfg, task)
+    where one store holds both splits (hyperspectral: its groups), val defaults to the given
+    training store."""
+    default = run.stores()
     train = args.train_data or str(default["train"])
-    return {"train": train, "val": args.val_data or (str(default["val"]) if task == "forecast" else train)}
+    same = run.spec.stores["val"] == run.spec.stores["train"]
+    return {"train": train, "val": args.val_data or (train if same else str(default["val"]))}
 
 
 def cmd_train(args) -> None:
-    from ..config import run_settings
+    from ..runs import resolve
     from ..train.trainer import main as train_main
 
     cfg = config(args)
-    train_main(cfg, args.run, args.output, _stores(args, cfg, run_settings(cfg, args.run).task), args.init_from)
+    train_main(cfg, args.run, args.output, _stores(args, resolve(cfg, args.run)), args.init_from)
 
 
 def cmd_launch_train(args) -> None:
     import os
 
-    from ..config import run_settings
+    from ..runs import resolve
     from ..train.launch import launch, node_count
     from ..train.trainer import check_launch
 
     cfg = config(args)
-    run = run_settings(cfg, args.run)  # an unknown run fails here, not in every rank
-    train, stores = run.train, _stores(args, cfg, run.task)
+    run = resolve(cfg, args.run)  # an unknown run fails here, not in every rank
+    train, stores = run.settings.train, _stores(args, run)
     nproc, nodes = args.nproc or train.nproc, node_count(os.environ)
     # the config, the stores, a run directory in use: before torchrun starts; the lock on the
     # first node alone (the launchers of the other nodes would meet its check)

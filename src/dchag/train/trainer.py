@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from .. import jsonio, provenance
-from ..config import ConfigError, run_settings, settings
+from ..config import ConfigError, settings
 from ..errors import DchagError
 from ..model import ChannelViT
 from ..parallel import ParallelDims, init_distributed, parallelize_model
@@ -74,8 +74,8 @@ class Trainer:
 
         config = _with_init_from(config, run, init_from)
         world = int(os.environ.get("WORLD_SIZE", 1))  # what the plan checks, for a run started by hand
-        check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world)
-        self.cfg = run_settings(config, run)
+        # checked and resolved once: the run's settings from here on
+        self.cfg = check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world).settings
         self.full_config = config
         self.out = Path(outdir)
         t, par = self.cfg.train, self.cfg.parallel
@@ -401,8 +401,7 @@ def check_launch(
     from ..layout import data_parallel_size
 
     config = _with_init_from(config, run, init_from)
-    check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world_size)
-    cfg = run_settings(config, run)
+    cfg = check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world_size).settings
     task = build_task(cfg, stores)
     every = list(range(task.model_cfg.in_channels))
     sizes = [len(task.dataset(split, every, cfg.train.seed)) for split in ("train", "val")]
