@@ -1,9 +1,17 @@
 """The fused front end against the token path, side by side in one run: per-rank peak memory
 and step time of a whole training step (forward, backward, AdamW) on the CPU, for the
-baseline aggregation and D-CHAG-L / -C at T = 1 (one rank: the hierarchical model with one
-channel group), over channels C and widths D.
+baseline aggregation and D-CHAG-L / -C over channels C and widths D, at T = 1 (one rank: the
+hierarchical model with one channel group) and under D-CHAG at T = 2, 4 (gloo ranks).
 
     python benchmarks/fused_front_end.py --channels 80 512 1024 --widths 256 --output benchmarks/results/fused_front_end
+    python benchmarks/fused_front_end.py --tp 2 4 --channels 80 512 1024 --widths 256 512 \
+        --output benchmarks/results/fused_front_end_tp
+
+At T > 1 the ranks run under torchrun (``--tp``), each point measured by the paper target's own
+``dchag.paper.bench.measure`` (the model parallelized by ``parallelize_model``, the training
+loop's step): the token path, then the fused path on the same process group. The baseline
+under TP splits its aggregation's heads over the ranks and forms the tokens either way, so at
+T > 1 only D-CHAG-L / -C have a fused path.
 
 Memory is MemTracker's peak of one step (dchag.train.memory.step_peak: parameters, gradients,
 optimizer state, activations and temporaries); time is the median of the timed steps after a
@@ -63,6 +71,67 @@ def measure(paths: dict, warmup: int, steps: int) -> dict:
     return out
 
 
+def _point(args, channels: int, width: int, variant: str, tp: int, fused: bool):
+    from dchag.paper.sweep import Point
+
+    return Point(
+        width, args.depth, args.heads, channels, tuple(args.img), args.patch, args.batch, "fp32", tp, 1, variant, 0,
+        False, fused_front_end=fused,
+    )  # fmt: skip
+
+
+def worker(args) -> None:
+    """One rank of a T > 1 run (under torchrun): every (C, D, D-CHAG variant), token then fused."""
+    import torch.distributed as dist
+
+    from dchag.paper.bench import measure as measure_point
+    from dchag.parallel import init_distributed
+
+    init_distributed()
+    torch.set_num_threads(max(1, args.threads // dist.get_world_size()))
+    tp, rows = dist.get_world_size(), []
+    for channels in args.channels:
+        for width in args.widths:
+            for label, variant in (("D-CHAG-L", "dchag-l"), ("D-CHAG-C", "dchag-c")):
+                row = {"channels": channels, "width": width, "variant": label, "tp": tp}
+                for name, fused in (("token", False), ("fused", True)):
+                    r = measure_point(_point(args, channels, width, variant, tp, fused), args.steps, args.warmup)
+                    worst = max(r["ranks"], key=lambda k: k["memory_mib"])
+                    row[name] = {
+                        "total": round(r["memory_mib_max"], 1),
+                        **{k: round(worst[k], 1) for k in ("parameters", "gradients", "optimizer", "activations")},
+                        "step_seconds": round(r["step_s"], 3),
+                        "ranks_mib": [round(k["memory_mib"], 1) for k in r["ranks"]],
+                    }
+                rows.append(row)
+                if dist.get_rank() == 0:
+                    t, f = row["token"], row["fused"]
+                    print(
+                        f"T={tp} C={channels:5d} D={width:4d} {label:9s} token {t['total']:8.1f} MiB "
+                        f"{t['step_seconds']:7.3f} s | fused {f['total']:8.1f} MiB {f['step_seconds']:7.3f} s",
+                        flush=True,
+                    )
+    if dist.get_rank() == 0:
+        Path(args.worker).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def ranks_rows(args, tp: int) -> list[dict]:
+    """The rows of a T = ``tp`` run: this script under torchrun with ``tp`` gloo ranks."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [a for a in sys.argv[1:]]
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}", __file__,
+             *argv, "--worker", str(out)],
+            check=True,
+        )  # fmt: skip
+        return json.loads(out.read_text())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--channels", type=int, nargs="+", default=[80, 512])
@@ -75,15 +144,21 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tp", type=int, nargs="+", default=[1], help="channel-parallel ranks T (T > 1: gloo ranks)")
     ap.add_argument("--output", default="benchmarks/results/fused_front_end")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # a rank of a T > 1 run: its rows' JSON path
     args = ap.parse_args()
+    if args.worker:
+        return worker(args)
     torch.set_num_threads(args.threads)
 
     from dchag.model import ChannelViT
     from dchag.model.build import model_config_of
 
     rows = []
-    for channels in args.channels:
+    for tp in (t for t in args.tp if t > 1):
+        rows += ranks_rows(args, tp)
+    for channels in args.channels if 1 in args.tp else []:
         for width in args.widths:
             for label, aggregation in AGGREGATIONS:
                 cfg = model_config_of(
@@ -140,29 +215,34 @@ def table(rows: list[dict], meta: dict) -> str:
         "",
         f"Command: `{meta['command']}`  ",
         f"Machine: {meta['machine']}, torch {meta['torch']}; model {meta['model']}  ",
-        "One rank (T = 1; the hierarchical models have one channel group). A whole training step "
-        "(forward, backward, AdamW); memory: MemTracker's peak of one step, MiB (parameters / gradients / "
-        "optimizer / activations and temporaries); time: median (and fastest) of the timed steps, the two paths' steps "
-        "taken in turn on the same weights and batch; ratios are fused / token. The machine is shared "
-        "with other users' jobs (2 cores, load 2-8 during these runs): times vary between runs and steps "
-        "(every step's time is in the .json); the fastest step is the least disturbed.",
+        "A whole training step (forward, backward, AdamW); memory: MemTracker's peak of one step, MiB "
+        "(parameters / gradients / optimizer / activations and temporaries); ratios are fused / token. "
+        "T = 1: one rank (the hierarchical models have one channel group); time: median (and fastest) of "
+        "the timed steps, the two paths' steps taken in turn on the same weights and batch. "
+        "T > 1: gloo ranks under torchrun, the model parallelized as training does (dchag.paper.bench.measure): "
+        "memory is the largest rank's, time the slowest rank's mean step, the token path measured before the fused "
+        "one in the same process group; the T ranks share the machine's cores, so T > 1 times are "
+        "for the ratio only. The machine may be shared: every step's time is in the .json.",
         "",
-        "| C | D | variant | token MiB (p / g / opt / act) | fused MiB (p / g / opt / act) | memory ratio | "
+        "| T | C | D | variant | token MiB (p / g / opt / act) | fused MiB (p / g / opt / act) | memory ratio | "
         "token s | fused s | time ratio | fastest token s | fastest fused s | fastest ratio |",
-        "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def mib(m):
         split = " / ".join(f"{m.get(k, 0):.0f}" for k in ("parameters", "gradients", "optimizer", "activations"))
         return f"{m['total']:.1f} ({split})"
 
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r["tp"]):
         t, f = r["token"], r["fused"]
-        tmin, fmin = min(t["step_seconds_all"]), min(f["step_seconds_all"])
+        fastest = "- | - | - |"
+        if "step_seconds_all" in t:
+            tmin, fmin = min(t["step_seconds_all"]), min(f["step_seconds_all"])
+            fastest = f"{tmin:.3f} | {fmin:.3f} | {fmin / tmin:.3f} |"
         lines.append(
-            f"| {r['channels']} | {r['width']} | {r['variant']} | {mib(t)} | {mib(f)} | "
+            f"| {r['tp']} | {r['channels']} | {r['width']} | {r['variant']} | {mib(t)} | {mib(f)} | "
             f"{f['total'] / t['total']:.3f} | {t['step_seconds']:.3f} | {f['step_seconds']:.3f} | "
-            f"{f['step_seconds'] / t['step_seconds']:.3f} | {tmin:.3f} | {fmin:.3f} | {fmin / tmin:.3f} |"
+            f"{f['step_seconds'] / t['step_seconds']:.3f} | {fastest}"
         )
     return "\n".join(lines) + "\n"
 

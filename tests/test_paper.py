@@ -86,6 +86,8 @@ def test_stands_for_pairs_with_the_swept_key():
         ({"variant": "baseline", "heads": 12}, "width 2048 is not divisible by heads 12"),
         ({"variant": "dist-tokenize+gather-all", "channels": 1000, "tp": 16, "heads": 16}, "divisible by tp"),
         ({"variant": "tokenize", "dp": 2}, "dp"),
+        ({"variant": "tokenize+aggregate", "fused_front_end": True}, "'paper.sweeps.full_models[0].fused_front_end'"),
+        ({"variant": "baseline", "fused_front_end": True}, "baseline under tp 8"),
         (
             {"variant": "baseline", "channels": [64, 128], "stands_for": {"width": 1, "channels": [1], "tp": 1}},
             "same length",
@@ -185,7 +187,7 @@ def test_the_gpu_config_plans_one_slurm_job_per_point_with_its_gpus(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     jobs = [block for block in out.split("rule paper_point:")[1:]]
-    assert len(jobs) == len(points) == 45
+    assert len(jobs) == len(points) == 49  # 45 of the paper, 4 with the fused front end
     seen = {}
     for block in jobs:
         block = block[: block.index("Shell command")] if "Shell command" in block else block
@@ -219,3 +221,18 @@ def test_paper_without_a_paper_section_says_so(tmp_path):
         text=True,
     )
     assert proc.returncode != 0 and "needs a 'paper' section" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("variant", ["dchag-l", "dchag-c"])
+def test_a_fused_point_counts_its_own_flops_on_the_meta_device(variant):
+    """The fused front end's FLOPs (counted on the meta device, where autocast does not exist)
+    are fewer than the same model's forming the channel tokens."""
+    from dchag.paper.bench import forward_flops
+
+    grid = {"variant": variant, "width": 64, "heads": 4, "channels": 64, "image": [16, 32], "tp": 2}
+    token, fused = (
+        sweep.sweeps(paper({"sweeps": {"full_models": [{**grid, "fused_front_end": f}]}}))["full_models"][0]
+        for f in (False, True)
+    )
+    assert fused.name == token.name + "-fused" and fused.series == f"{variant}+fused"
+    assert 0 < forward_flops(fused) < forward_flops(token)

@@ -71,7 +71,13 @@ def test_a_run_named_like_a_reference_forecast_is_refused():
 def test_verification_design():
     s = settings(_demo(verify={"batch_size": 8, "steps": 7, "groups": 3, "comm_hook": "fp16", "bucket_mb": 2}))
     runs = plan.verify_runs(s)
-    assert list(runs) == ["verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l"]
+    assert list(runs) == [
+        "verify-dp",
+        "verify-fixed-group",
+        "verify-compress",
+        "verify-dchag-l",
+        "verify-dchag-l-tokens",
+    ]
     nproc = s.train.nproc
     for name in runs:
         r = run_settings({**s.raw, "train": {**s.raw["train"], "runs": runs}}, name)
@@ -88,16 +94,20 @@ def test_verification_design():
         "ddp_bucket_mb": 2,
     }
     assert runs["verify-dchag-l"]["parallel"] == {"tp": nproc, "strategy": "dchag", "data_parallel": "none"}
+    # D-CHAG alone (the tokens formed) beside the fused front end alone (verify-dp) and both
+    assert runs["verify-dchag-l-tokens"]["model"] == {"aggregation": "linear", "fused_front_end": False}
+    assert runs["verify-dchag-l"]["model"] == {"aggregation": "linear"}
+    assert run_settings({**s.raw, "train": {**s.raw["train"], "runs": runs}}, "verify-dp").model.fused_front_end
     with pytest.raises(ConfigError, match="verify.batch_size.*7"):
         plan.verify_runs(settings(_demo(verify={"batch_size": 7})))
 
 
 def test_verification_repeats_wait_for_the_previous_repeat_of_every_method():
     runs = plan.verify_runs(settings(_demo(verify={"repeats": 3})))
-    assert len(runs) == 12
+    assert len(runs) == 15
     assert plan.previous_repeat("verify-dp-r1", runs) == []
     assert sorted(plan.previous_repeat("verify-compress-r3", runs)) == sorted(
-        f"verify-{m}-r2" for m in ("dp", "fixed-group", "compress", "dchag-l")
+        f"verify-{m}-r2" for m in ("dp", "fixed-group", "compress", "dchag-l", "dchag-l-tokens")
     )
     assert plan.previous_repeat("forecast-dchag", runs) == []
 

@@ -22,7 +22,10 @@ BASELINE_FORECASTS = ("persistence", "climatology")
 
 def verify_runs(s: Settings) -> dict[str, dict]:
     """The verification experiment (config ``verify``): data parallelism, fixed channel groups,
-    compression with bucketing and D-CHAG-L — the same task, steps and global batch — with
+    compression with bucketing, D-CHAG-L, and D-CHAG-L forming the channel tokens
+    (``model.fused_front_end: false``; the others take the model's default, the fused front end,
+    so D-CHAG alone, the fused front end alone and both are side by side) — the same task, steps
+    and global batch — with
     communication timing and memory tracking on (they are off in ordinary training).
     ``verify.repeats: R`` makes R copies of each, suffixed -r1 .. -rR."""
     v = s.verify
@@ -56,6 +59,8 @@ def verify_runs(s: Settings) -> dict[str, dict]:
             "train": {**common, "batch_size": batch},
         },
     }
+    runs["verify-dchag-l-tokens"] = copy.deepcopy(runs["verify-dchag-l"])
+    runs["verify-dchag-l-tokens"]["model"]["fused_front_end"] = False
     if v.repeats == 1:
         return runs
     return {f"{name}-r{i}": copy.deepcopy(run) for i in range(1, v.repeats + 1) for name, run in runs.items()}

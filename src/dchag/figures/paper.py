@@ -33,10 +33,14 @@ from ..vocabulary import VARIANTS
 from .common import read_csv, save
 
 LABEL = {name: v.label for name, v in VARIANTS.items()}
+LABEL.update({f"{name}+fused": f"{v.label}, fused front end" for name, v in VARIANTS.items()})
 COLOR = {
     "baseline": "#1f77b4",
     "dchag-l": "#d62728",
     "dchag-c": "#ff7f0e",
+    "baseline+fused": "#aec7e8",
+    "dchag-l+fused": "#ff9896",
+    "dchag-c+fused": "#ffbb78",
     "tokenize": "#1f77b4",
     "tokenize+aggregate": "#17becf",
     "dist-tokenize": "#d62728",
@@ -183,10 +187,14 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
     by_paper: dict[tuple[str, str], Point] = {}
     by_run: dict[tuple[str, str], Run] = {}
     for r in runs:
-        key = (groups_of(r.point), r.point.variant)
+        key = (groups_of(r.point), r.point.series)
         by_paper[key], by_run[key] = r.point, r
     groups = list(dict.fromkeys(g for g, _ in by_paper))
-    pub = {k: published.lookup(figure, *p.paper_setting, p.variant, p.tree) for k, p in by_paper.items()}
+    # the paper's models form the channel tokens: no published value for the fused front end
+    pub = {
+        k: None if p.fused_front_end else published.lookup(figure, *p.paper_setting, p.variant, p.tree)
+        for k, p in by_paper.items()
+    }
     pred = {k: predicted_gb(p) for k, p in by_paper.items()}
     meas = {k: r.memory() * scale for k, r in by_run.items()}
     _bars(
@@ -226,7 +234,7 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
         rows.append(_row(figure, r, p, "memory", meas[k], pub[k], pred[k], unit))
         if pub[k] is None:
             continue
-        name = f"{LABEL.get(p.variant, p.variant)} {k[0]}"
+        name = f"{LABEL.get(p.series, p.series)} {k[0]}"
         deviation.append(f"prediction {name} {pred[k] / pub[k] - 1:+.0%}")
         ref = reference(p, k)
         if r.at_paper_scale:
@@ -273,15 +281,23 @@ def tree(paths: list[str], output: str) -> Path:
 def full_models(paths: list[str], output: str) -> Path:
     """Memory (top row) and TFLOPS/GPU with samples/s per GPU (bottom row) for baseline, -C, -L."""
     runs = load(paths)
-    series = [v for v in ("baseline", "dchag-c", "dchag-l") if any(r.point.variant == v for r in runs)]
+    series = [
+        s
+        for v in ("baseline", "dchag-c", "dchag-l")
+        for s in (v, f"{v}+fused")
+        if any(r.point.series == s for r in runs)
+    ]
     fig, axes = plt.subplots(2, 3, figsize=(14, 8.4))
     rows, deviation = _memory_panels(
         axes[0], "full_models", runs, lambda p: _setting(*p.paper_setting), series, lambda p, k: (k[0], "baseline")
     )
-    by = {(_setting(*r.point.paper_setting), r.point.variant): r for r in runs}
+    by = {(_setting(*r.point.paper_setting), r.point.series): r for r in runs}
     groups = list(dict.fromkeys(g for g, _ in by))
     pub = {
-        k: published.lookup("full_models", *r.point.paper_setting, r.point.variant, 0, "tflops") for k, r in by.items()
+        k: None
+        if r.point.fused_front_end
+        else published.lookup("full_models", *r.point.paper_setting, r.point.variant, 0, "tflops")
+        for k, r in by.items()
     }
     _bars(
         axes[1][0],
@@ -326,6 +342,14 @@ def full_models(paths: list[str], output: str) -> Path:
                     pub[k] / pub[ref],
                 )
             )
+    for k, r in by.items():  # the fused front end against the same model forming the tokens
+        ref = (k[0], r.point.variant)
+        if r.point.fused_front_end and ref in by:
+            deviation.append(
+                f"{LABEL[k[1]]} {k[0]}: memory fused/token here {r.memory() / by[ref].memory():.2f}, "
+                f"predicted {predicted_gb(r.point) / predicted_gb(by[ref].point):.2f}; samples/s fused/token "
+                f"{r.data['samples_per_s_per_gpu'] / by[ref].data['samples_per_s_per_gpu']:.2f}"
+            )
     deviation.append(
         "TFLOPS: no prediction (the cost model's compute rates are calibrated per machine with dchag calibrate; "
         "none for MI250X)"
@@ -341,13 +365,21 @@ def tp_scaling(paths: list[str], output: str) -> Path:
     """Memory per GPU and samples/s per GPU against TP, for a fixed model."""
     runs = load(paths)
     unit, scale = _unit(runs)
-    series = [v for v in ("baseline", "dchag-c", "dchag-l") if any(r.point.variant == v for r in runs)]
+    series = [
+        s
+        for v in ("baseline", "dchag-c", "dchag-l")
+        for s in (v, f"{v}+fused")
+        if any(r.point.series == s for r in runs)
+    ]
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
     rows, deviation = [], []
     for v in series:
-        rs = sorted((r for r in runs if r.point.variant == v), key=lambda r: r.point.tp)
+        rs = sorted((r for r in runs if r.point.series == v), key=lambda r: r.point.tp)
         tps = [r.point.paper_setting[2] for r in rs]
-        pub = [published.lookup("tp_scaling", *r.point.paper_setting, v, 0) for r in rs]
+        pub = [
+            None if r.point.fused_front_end else published.lookup("tp_scaling", *r.point.paper_setting, v, 0)
+            for r in rs
+        ]
         pred = [predicted_gb(r.point) for r in rs]
         c = COLOR[v]
         known = [(t, y) for t, y in zip(tps, pub) if y is not None]

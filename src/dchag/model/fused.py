@@ -22,6 +22,7 @@ block) and about :data:`CHUNK_ELEMENTS` elements of working memory.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 
@@ -49,6 +50,13 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
+def _no_autocast(t: torch.Tensor):
+    """Autocast off on ``t``'s device (a device without autocast, such as meta, where the FLOPs
+    are counted: nothing to turn off)."""
+    device = t.device.type
+    return torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext()
+
+
 class _AbsorbedAttention(torch.autograd.Function):
     """o (N, H, hd) = sum_c a (N, C, H) * (M (H, hd, C, k) P (N, C, k) + mv (C, H, hd)) with
     a = softmax_c(A (H, C, k) P + ab (C, H)).
@@ -61,7 +69,7 @@ class _AbsorbedAttention(torch.autograd.Function):
     def forward(ctx, pixels, a_w, a_b, m_w, m_b, dtype):
         n, c, k = pixels.shape
         heads, hd = m_w.shape[0], m_w.shape[1]
-        with torch.autocast(pixels.device.type, enabled=False):
+        with _no_autocast(pixels):
             acc = _accumulate(dtype)
             p = pixels.to(dtype)
             a_wt, a_b_ = a_w.to(dtype).permute(1, 2, 0), a_b.to(acc)  # (C, k, H)
@@ -88,7 +96,7 @@ class _AbsorbedAttention(torch.autograd.Function):
         n, c, k = pixels.shape
         heads, hd = m_w.shape[0], m_w.shape[1]
         need_p = ctx.needs_input_grad[0]
-        with torch.autocast(pixels.device.type, enabled=False):
+        with _no_autocast(pixels):
             acc = _accumulate(dtype)
             p = pixels.to(dtype)
             a_w_ = a_w.to(dtype).transpose(0, 1)  # (C, H, k)

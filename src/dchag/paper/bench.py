@@ -59,7 +59,7 @@ def point_model(p: Point) -> ModelConfig:
         num_heads=p.heads,
         aggregation=str(VARIANTS[p.variant].aggregation),
         tree=p.tree,
-        fused_front_end=False,  # the paper's models form the channel tokens: its numbers measure that
+        fused_front_end=p.fused_front_end,  # the paper's models form the channel tokens (False)
     )
 
 

@@ -19,7 +19,7 @@ GIB = 2**30
 _HW = Hardware(alpha=1e-5, intra_bw=1e11, inter_bw=1e10, gpus_per_node=8)  # memory does not depend on these
 
 
-def workload(width: int, channels: int, tree: int = 0) -> Workload:
+def workload(width: int, channels: int, tree: int = 0, fused: bool = False) -> Workload:
     f = published.FIXED
     h, w = f["image"]
     return Workload(
@@ -32,6 +32,7 @@ def workload(width: int, channels: int, tree: int = 0) -> Workload:
         batch=f["batch"],
         act_bytes=2,
         tree=tree,
+        fused=fused,
         **PAPER,
     )
 
@@ -59,7 +60,7 @@ def front_gb(w: Workload, variant: str, tp: int) -> float:
 def predicted_gb(p: Point) -> float:
     """Predicted per-GPU memory (GB, 2^30 bytes as the paper's logs) at the point's paper setting."""
     width, channels, tp = p.paper_setting
-    w = workload(width, channels, p.tree)
+    w = workload(width, channels, p.tree, p.fused_front_end)
     if VARIANTS[p.variant].cost_model:
         return predict(w, _HW, tp * p.dp, 8, VARIANTS[p.variant].cost_model, rate=1e14, tp=tp).memory_bytes / GIB
     return front_gb(w, p.variant, tp)

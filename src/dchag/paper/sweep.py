@@ -40,6 +40,7 @@ KEYS = (
     "variant",
     "tree",
     "activation_checkpointing",
+    "fused_front_end",
 )
 STANDS_FOR_KEYS = ("width", "channels", "tp")
 
@@ -59,6 +60,7 @@ class Point:
     variant: str
     tree: int
     activation_checkpointing: bool
+    fused_front_end: bool = False
     stands_for: tuple[int, int, int] | None = None  # (width, channels, tp) at the paper's scale
 
     @property
@@ -67,8 +69,13 @@ class Point:
         return (
             f"w{self.width}-d{self.depth}-h{self.heads}-c{self.channels}-i{self.image[0]}x{self.image[1]}-p{self.patch}"
             f"-b{self.batch}-{self.precision}-tp{self.tp}-dp{self.dp}-{v}-tree{self.tree}"
-            f"{'-ac' if self.activation_checkpointing else ''}"
+            f"{'-ac' if self.activation_checkpointing else ''}{'-fused' if self.fused_front_end else ''}"
         )
+
+    @property
+    def series(self) -> str:
+        """The series a figure draws this point in: its variant, fused or not."""
+        return f"{self.variant}+fused" if self.fused_front_end else self.variant
 
     @property
     def gpus(self) -> int:
@@ -115,6 +122,16 @@ def _check(point: Point, where: str) -> None:
         raise ConfigError(
             f"config key '{where}.tree': {point.tree} needs a D-CHAG variant whose channels per rank "
             f"({point.channels // point.tp}) divide into {point.tree} sub-groups"
+        )
+    if point.fused_front_end and point.variant in FRONT_VARIANTS:
+        raise ConfigError(
+            f"config key '{where}.fused_front_end': the front-end variant {point.variant} measures the channel "
+            f"tokens; the fused front end is a whole model's (variant one of {', '.join(MODEL_VARIANTS)})"
+        )
+    if point.fused_front_end and point.variant == "baseline" and point.tp > 1:
+        raise ConfigError(
+            f"config key '{where}.fused_front_end': the baseline under tp {point.tp} splits its aggregation's "
+            f"heads over the ranks and forms the tokens either way; fuse it at tp 1 or a D-CHAG variant"
         )
     if point.dp > 1 and point.variant in FRONT_VARIANTS:
         raise ConfigError(
