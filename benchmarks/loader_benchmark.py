@@ -25,6 +25,11 @@ Each (grid, T) is measured in a process of its own, and again in a process pinne
 (`one core`: what one loader worker on a core of its own reads), from which the workers a rank
 needs on the preprocessing benchmark's nodes follow.
 
+The chunk layout: the same data written again with one chunk per time step and block of
+`CHANNEL_BLOCK` channels (T = 8's block; same 32-step shards), read by tensorstore as the
+per-channel layout is: every chunk a rank's batch touches (the blocks that hold its channels
+and its outputs), all in flight at once, cold and page-cached.
+
     python benchmarks/loader_benchmark.py --output benchmarks/results/loader
 """
 
@@ -52,6 +57,30 @@ GRIDS = {5.625: 120, 1.40625: 48}  # days of the generated year: 480 and 192 ste
 WORKERS = (0, 1, 2)
 PREFETCH = 2
 TENSOR_PARALLEL = (1, 2, 4, 8)
+CHANNEL_BLOCK = 10  # the chunk layout compared: one chunk per step and block of channels
+
+
+def write_blocks(store: Path, out: Path) -> Path:
+    """The split store's data array again, one chunk per step and CHANNEL_BLOCK channels in the
+    same shards of steps (a Zarr array at ``out``)."""
+    import zarr
+
+    from dchag.store import compressors
+
+    src = zarr.open_array(store=str(store), path="data", mode="r")
+    t, c, ny, nx = src.shape
+    shard = src.shards[0]
+    dst = zarr.create_array(
+        store=str(out),
+        shape=src.shape,
+        chunks=(1, CHANNEL_BLOCK, ny, nx),
+        shards=(shard, c, ny, nx),
+        dtype=np.float32,
+        compressors=compressors(),
+    )
+    for a in range(0, t, shard):
+        dst[a : a + shard] = src[a : a + shard]
+    return out
 
 
 def make_store(work: Path, grid: float, days: int) -> Path:
@@ -68,7 +97,7 @@ def make_store(work: Path, grid: float, days: int) -> Path:
 
 
 # -- one (grid, T) in its own process -------------------------------------------------------------
-def measure(store: Path, tp: int, batches: int, one_core: bool) -> dict:
+def measure(store: Path, tp: int, batches: int, one_core: bool, blocks: Path | None = None) -> dict:
     import torch
     from torch.utils.data import DataLoader
 
@@ -153,6 +182,26 @@ def measure(store: Path, tp: int, batches: int, one_core: bool) -> dict:
 
     cold("tensorstore_cold_w0", lambda: tensorstore_reads)
     timed("tensorstore_cached_w0", tensorstore_reads)
+    if blocks is not None and not one_core:  # the chunk layout: the blocks the rank's channels lie in
+        barray = ts.open({**spec, "kvstore": {"driver": "file", "path": str(blocks)}}, read=True).result()
+        touched = [sorted({c // CHANNEL_BLOCK for c in ids}) for ids in chunks]
+        out["block_chunks_per_step"] = [len(k) for k in touched]
+
+        def block_reads(n: int) -> None:
+            for b in range(skip, skip + n):
+                idx = order[b * BATCH : (b + 1) * BATCH]
+                steps = ds.anchors[idx], [ds.targets[ds._lead_index(i), i] for i in idx]
+                futures = [
+                    barray[int(t), k * CHANNEL_BLOCK : (k + 1) * CHANNEL_BLOCK].read()
+                    for ks, ts_ in zip(touched, steps)
+                    for t in ts_
+                    for k in ks
+                ]
+                [f.result() for f in futures]
+
+        drop_cache(blocks)
+        timed("blocks_cold_w0", block_reads)
+        timed("blocks_cached_w0", block_reads)
     if not one_core:
         data = ds.data
         runs = [_runs(chunks[0]), _runs(chunks[1])]
@@ -186,13 +235,13 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=8, help="timed batches per measurement (1.40625 deg: 3/4)")
     p.add_argument("--quick", action="store_true", help="a smoke test (no measurement): 5.625 deg, 8 days, T = 8")
     p.add_argument("--report", metavar="JSON", help="only write the report again from a run's JSON")
-    p.add_argument("--measure", nargs=3, metavar=("STORE", "T", "ONE_CORE"), help=argparse.SUPPRESS)
+    p.add_argument("--measure", nargs=4, metavar=("STORE", "T", "ONE_CORE", "BLOCKS"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
         store, tp, one_core = Path(args.measure[0]), int(args.measure[1]), args.measure[2] == "1"
         if one_core:
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before any thread starts
-        print(json.dumps(measure(store, tp, args.batches, one_core)))
+        print(json.dumps(measure(store, tp, args.batches, one_core, Path(args.measure[3]))))
         return
     if args.report:
         doc = json.loads(Path(args.report).read_text())
@@ -208,10 +257,11 @@ def main() -> None:
     rows = []
     for grid, days in grids.items():
         store = make_store(work, grid, days)
+        blocks = write_blocks(store, store.parent / "blocks.zarr")
         n = batches if grid == 5.625 or args.quick else max(2, batches * 3 // 4)
         for tp in tps:
             for one_core in (False,) if args.quick else (False, True):
-                measure_args = ["--measure", str(store), str(tp), str(int(one_core))]
+                measure_args = ["--measure", str(store), str(tp), str(int(one_core)), str(blocks)]
                 proc = subprocess.run(
                     [sys.executable, __file__, "--batches", str(n), *measure_args],
                     capture_output=True,
@@ -280,6 +330,35 @@ def report(doc: dict) -> str:
             f"{rate('tensorstore_cold_w0')} | {rate('tensorstore_cached_w0')} | {rate('memory_w0')} | "
             f"{rate('zarr_python_cached_w0')} | {ratio_ts:.2f} | {ratio_old:.1f} |"
         )
+    out += [
+        "",
+        f"## The chunk layout: a chunk per step and channel, or per step and block of {CHANNEL_BLOCK} channels",
+        "",
+        "tensorstore's concurrent read of every chunk a rank's batch touches, samples/s (0 workers, in one "
+        "process; the same shards of 32 steps). `chunks per step`: the rank's inputs + its outputs.",
+        "",
+        "| grid | T | chunks per step: per channel | per block | per channel cold | per block cold | "
+        "per channel cached | per block cached | per channel / per block (cached) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in (r for r in rows if not r["one_core"] and "blocks_cached_w0" in r):
+        blocks = " + ".join(map(str, r["block_chunks_per_step"]))
+        out.append(
+            f"| {r['grid']} | {r['tp']} | {r['channels']} + {r['outputs']} | {blocks} | "
+            f"{_v(r, 'tensorstore_cold_w0')} | {_v(r, 'blocks_cold_w0')} | {_v(r, 'tensorstore_cached_w0')} | "
+            f"{_v(r, 'blocks_cached_w0')} | {r['tensorstore_cached_w0'] / r['blocks_cached_w0']:.2f} |"
+        )
+    for grid in sorted({r["grid"] for r in rows}, reverse=True):
+        ratios = [
+            r["tensorstore_cached_w0"] / r["blocks_cached_w0"]
+            for r in rows
+            if r["grid"] == grid and not r["one_core"] and "blocks_cached_w0" in r
+        ]
+        if ratios:
+            out.append(
+                f"\nAt {grid} deg a chunk per step and channel reads at {min(ratios):.2f}-{max(ratios):.2f} times "
+                "the block layout's rate (page-cached)."
+            )
     out += [
         "",
         "## Samples/s through the trainer's DataLoader with 0, 1, 2 workers (prefetch 2)",

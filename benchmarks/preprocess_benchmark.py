@@ -1,5 +1,5 @@
 """ERA5 preprocessing after the regridding, at the paper's scale: peak RSS and wall time of
-every job, and the rate one training rank reads its channels from a split store.
+every job, and the loader workers one training rank needs.
 
 Data: generated per-year stores in the layout `dchag era5-year` writes (data(time, channel,
 lat, lon) float32, chunks of 8 steps x all channels, the same coordinates and attributes), 80
@@ -12,11 +12,11 @@ which reports that process's peak RSS; its wall time is measured around it.
   era5-split-part (one per year of an N-year split), era5-split, era5-climatology-part (N of
   them, each one year's worth), era5-climatology.
 * 1.40625 deg, one year: the same jobs (15 GB a year: generated, used and deleted in turn).
-* The read side: ForecastDataset batches of the paper's global batch (512) for one rank of
-  D-CHAG on 8 GPUs (its 10 of the 80 channels and the 5 output channels), from Zarr cold (the
-  store's pages dropped from the page cache with posix_fadvise), page-cached, and from memory
-  (train.cache_mb holding the rank's block), and through the trainer's DataLoader; set
-  against the step the cost model (dchag.benefit.costmodel) predicts for the paper's model.
+* The read side, from the loader benchmark's results (benchmarks/loader_benchmark.py,
+  benchmarks/results/loader.json: one rank's samples/s on one core, from Zarr and from memory)
+  set against the step the cost model (dchag.benefit.costmodel) predicts for the paper's model:
+  the loader workers a rank needs on the paper's and a DGX node, and whether 8 ranks' channels
+  fit in the node's memory.
 
     python benchmarks/preprocess_benchmark.py --output benchmarks/results/preprocess
 """
@@ -243,69 +243,6 @@ def drop_cache(path: Path) -> None:
                 os.close(fd)
 
 
-def read_rates(store: Path, batches: int, workers: list[int], in_memory: bool) -> dict:
-    """Samples/s one D-CHAG rank (rank 0 of 8: channels 0-9, and the 5 outputs) reads."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    from dchag.train.data import ForecastDataset, ResumableSampler, collate, store_info
-
-    torch.set_num_threads(1)
-    names = store_info(store)["channel_names"]
-    rank = list(range(len(names) // 8))
-    out = {"store": str(store), "rank_channels": len(rank), "outputs": len(OUTPUTS), "batch": BATCH}
-
-    def dataset(cache):
-        return ForecastDataset(store, names, rank, OUTPUTS, (6, 720), seed=0, cache_bytes=cache)
-
-    ds = dataset(0)
-    # the paper's batch, or less where the store holds fewer samples than batches + 1 of it (a
-    # part of a year at 1.40625 deg): every sample read once cold, none twice in a measurement
-    batch = min(BATCH, len(ds) // (batches + 1))
-    out["batch"] = batch
-    order = ResumableSampler(len(ds), 1, 0, seed=0).indices(0)
-    chunks = [order[i * batch : (i + 1) * batch] for i in range(batches)]
-    out["sample_mb"] = (len(rank) + len(OUTPUTS)) * int(np.prod(ds.data.shape[2:])) * 4 / 2**20
-
-    def rate(d, label):
-        t0 = time.perf_counter()
-        for idx in chunks:
-            d.__getitems__(idx)
-        out[label] = round(batches * batch / (time.perf_counter() - t0), 1)
-
-    drop_cache(store)
-    rate(ds, "zarr_cold")
-    rate(ds, "zarr_cached")
-    mem = None
-    if in_memory:
-        t0 = time.perf_counter()
-        mem = dataset(2**62)
-        out["memory_load_s"] = round(time.perf_counter() - t0, 2)
-        rate(mem, "memory")
-    for w in workers:
-        for kind, d in (("zarr_cached", ds), ("memory", mem)):
-            if d is None:
-                continue
-            sampler = ResumableSampler(len(d), 1, 0, seed=1)
-            loader = DataLoader(
-                d,
-                batch_size=batch,
-                sampler=sampler,
-                drop_last=True,
-                num_workers=w,
-                prefetch_factor=2 if w else None,
-                collate_fn=collate,
-            )
-            it = iter(loader)
-            next(it)  # the workers' start and first batch are not the steady state
-            t0 = time.perf_counter()
-            for _ in range(batches):
-                next(it)
-            out[f"loader_{kind}_w{w}"] = round(batches * batch / (time.perf_counter() - t0), 1)
-            del it
-    return out
-
-
 class Node(NamedTuple):
     flops: float  # matmul FLOP/s per GPU
     hbm: float  # HBM B/s per GPU
@@ -367,26 +304,23 @@ def main() -> None:
         default=[1, 2, 4, 8],
         help="year counts whose splits are built (a split part is the slowest job: ~100 s a year here)",
     )
-    p.add_argument("--read-years", type=int, default=2, help="the split the read side reads (its years)")
     p.add_argument("--skip-fine", action="store_true", help="leave out 1.40625 deg")
     p.add_argument(
         "--fine-days",
         type=int,
         help="generate only these first days of the 1.40625 deg year (times are then scaled to the year)",
     )
-    p.add_argument("--read-batches", type=int, default=4)
     p.add_argument(
         "--coarse-from",
         metavar="JSON",
-        help="take the 5.625 deg rows, sizes and reads from an earlier run's JSON (same code) and run only 1.40625 deg",
+        help="take the 5.625 deg rows and sizes from an earlier run's JSON (same code) and run only 1.40625 deg",
     )
     p.add_argument(
         "--fine-from",
         metavar="JSON",
-        help="take the 1.40625 deg rows, sizes and reads from an earlier run's JSON (same code) and run only 5.625 deg",
+        help="take the 1.40625 deg rows and sizes from an earlier run's JSON (same code) and run only 5.625 deg",
     )
     p.add_argument("--report", metavar="JSON", help="only write the report again from a run's JSON")
-    p.add_argument("--read", nargs=2, metavar=("STORE", "MEMORY"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.report:
         doc = json.loads(Path(args.report).read_text())
@@ -394,15 +328,10 @@ def main() -> None:
         Path(args.output).with_suffix(".md").write_text(report(doc))
         print(report(doc))
         return
-    if args.read:
-        rates = read_rates(Path(args.read[0]), args.read_batches, [0, 1, 2], args.read[1] == "1")
-        print(json.dumps(rates))
-        return
-
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    rows, sizes, reads = [], {}, []
+    rows, sizes = [], {}
     reused = {}  # grid: the earlier run's meta, for the grid taken from it
     for grid, key in REUSE.items():
         if earlier_json := getattr(args, key):
@@ -410,7 +339,6 @@ def main() -> None:
             reused[grid] = earlier["meta"]
             rows += [r for r in earlier["rows"] if r["grid"] == grid]
             sizes.update({k: v for k, v in earlier["sizes"].items() if f"_{grid}" in k})
-            reads += [r for r in earlier["reads"] if r["grid"] == grid]
     t_start = time.perf_counter()
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -426,22 +354,11 @@ def main() -> None:
         }
         for grid, earlier_meta in reused.items():
             meta[REUSE[grid]] = {k: earlier_meta[k] for k in ("command", "total_s")}
-        doc = {"meta": meta, "rows": rows, "sizes": sizes, "reads": reads, "predicted": predicted_steps()}
+        doc = {"meta": meta, "rows": rows, "sizes": sizes, "predicted": predicted_steps()}
         out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
         return doc
 
     Run.save = staticmethod(save)
-
-    def read(store, in_memory):
-        proc = subprocess.run(
-            [sys.executable, __file__, "--read", str(store), "1" if in_memory else "0"]
-            + ["--read-batches", str(args.read_batches)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        reads.append({"grid": grid, **json.loads(proc.stdout.strip().splitlines()[-1])})
-        print("read", reads[-1], flush=True)
 
     # 5.625 deg: N years
     grid = 5.625
@@ -464,8 +381,6 @@ def main() -> None:
             if n in args.split_years:
                 store, _ = run.split(stats)
                 sizes["split_bytes_5.625_per_year"] = du(store) / n
-                if n == args.read_years:
-                    read(store, in_memory=True)
                 shutil.rmtree(store)
             run.climatology()
 
@@ -486,7 +401,6 @@ def main() -> None:
         stats = run.statistics([partial])
         store, _ = run.split(stats)
         sizes["split_bytes_1.40625_per_year"] = du(store) * scale
-        read(store, in_memory=True)  # a rank's channels of one year: 2.8 GB
         shutil.rmtree(store)
         run.climatology(drop_years=True)
 
@@ -508,7 +422,6 @@ def report(doc: dict) -> str:
     doc = {
         **doc,
         "rows": sorted(doc["rows"], key=lambda r: -r["grid"]),
-        "reads": sorted(doc["reads"], key=lambda r: -r["grid"]),
     }
     rows, meta = doc["rows"], doc["meta"]
     lines = [
@@ -694,36 +607,16 @@ def table_40(doc: dict) -> list[str]:
     return out
 
 
+LOADER_JSON = Path(__file__).resolve().parent / "results" / "loader.json"  # benchmarks/loader_benchmark.py's
+
+
 def read_side(doc: dict) -> list[str]:
-    reads, pred = doc["reads"], doc["predicted"]
+    """The workers a rank needs, from the loader benchmark's one-core rates (a rank of T = TP)."""
+    loader = json.loads(LOADER_JSON.read_text())
+    one_core = {(r["grid"], r["tp"]): r for r in loader["rows"] if r["one_core"]}
+    pred = doc["predicted"]
     out = [
-        "## The read side: one rank's samples/s against the step the cost model predicts",
-        "",
-        f"One D-CHAG rank of 8 (10 of the 80 channels, plus the 5 output channels), batches of random samples "
-        f"(`batch`: {BATCH}, the paper's, or fewer where the generated store holds fewer samples; "
-        "ForecastDataset.__getitems__, as the DataLoader calls it), measured on this machine; "
-        "`loader wN` = the trainer's DataLoader with N workers, prefetch 2 (2 cores here: w1 is one worker "
-        "process on a core of its own, the training process on the other; 2 workers compete with the "
-        "training process).",
-        "",
-        "| grid | batch | sample MB | Zarr cold | Zarr page-cached | in memory (cache_mb) | load into memory s | "
-        "loader w0 Zarr | loader w1 Zarr | loader w2 Zarr | loader w0 memory | loader w1 memory | loader w2 memory |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in reads:
-        g = r["grid"]
-
-        def v(k, r=r):
-            return f"{r[k]:.0f}" if k in r else "-"
-
-        out.append(
-            f"| {g} | {r.get('batch', BATCH)} | {r['sample_mb']:.3f} | {v('zarr_cold')} | {v('zarr_cached')} | "
-            f"{v('memory')} | "
-            f"{r.get('memory_load_s', '-')} | {v('loader_zarr_cached_w0')} | {v('loader_zarr_cached_w1')} | "
-            f"{v('loader_zarr_cached_w2')} | {v('loader_memory_w0')} | {v('loader_memory_w1')} | "
-            f"{v('loader_memory_w2')} |"
-        )
-    out += [
+        "## The read side: the loader workers a rank needs against the step the cost model predicts",
         "",
         "Predicted step (costmodel.predict, D-CHAG-L, peak matmul rate and HBM bandwidth, no launch overheads: "
         "the shortest step, so the highest rate a rank must read):",
@@ -738,46 +631,46 @@ def read_side(doc: dict) -> list[str]:
         )
     out += [
         "",
-        "What it means: the workers a rank needs so that the loader is never the bottleneck. A worker "
-        "process reads whole batches on its own, so N workers on N cores of their own read N x the rate "
-        "of one (`loader w1`; extrapolated, as this machine has 2 cores); prefetch 2 keeps 2 batches "
-        "per worker ready. Needed: the highest rate of the node's layouts above.",
+        f"One rank's read rate: `{loader['meta']['command']}` (benchmarks/results/loader.md), one process pinned "
+        "to one core (what one DataLoader worker on a core of its own reads), a rank of D-CHAG over T = TP "
+        "(its 80 / T channels and the 5 outputs), batches of 32, page-cached; from Zarr (no cache) and "
+        "from the rank's channels in memory (train.cache_mb). N workers on N cores of their own read N x "
+        "that rate; workers per rank = the most any of the node's layouts needs.",
         "",
-        "| grid | source | one worker samples/s | node | needed samples/s | workers per rank | cores per GPU | "
+        "| grid | source | one core samples/s (TP 8 / TP 4) | node | workers per rank | cores per GPU | "
         "8 ranks' channels in memory GB | node memory GB | keeps up |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "|---|---|---|---|---:|---:|---:|---:|---|",
     ]
-    for r in reads:
-        g = r["grid"]
+    for grid in sorted({p["grid"] for p in pred}, reverse=True):
+        layouts = [p for p in pred if p["grid"] == grid and (grid, p["tp"]) in one_core]
+        if not layouts:
+            continue
+        tps = sorted({p["tp"] for p in layouts}, reverse=True)
         # every rank holds its channels and the outputs of the training years (cache_mb)
-        held = 8 * r["sample_mb"] * STEPS_PER_YEAR * TRAIN / 1024
-        for source in ("memory", "zarr_cached"):
-            one = r.get(f"loader_{source}_w1")
-            if not one:
-                continue
-            for node in NODES:
-                ps = [p for p in pred if p["grid"] == g and p["node"] == node]
-                need = max(p["needed_samples_per_s"] for p in ps)
-                workers = math.ceil(need / one)
-                cores, ram = NODES[node].cores_per_gpu, NODES[node].ram_gb
-                if workers >= cores:
+        held = max(8 * one_core[grid, t]["sample_mb"] * STEPS_PER_YEAR * TRAIN / 1024 for t in tps)
+        for source, key in (("Zarr", "dchag_cached_w0"), ("in memory", "memory_w0")):
+            rates = " / ".join(f"{one_core[grid, t][key]:.0f}" for t in tps)
+            for node, spec in NODES.items():
+                mine = [p for p in layouts if p["node"] == node]
+                workers = max(math.ceil(p["needed_samples_per_s"] / one_core[grid, p["tp"]][key]) for p in mine)
+                if workers >= spec.cores_per_gpu:
                     verdict = "no: more workers than cores"
-                elif source == "memory" and held > 0.8 * ram:
+                elif source == "in memory" and held > 0.8 * spec.ram_gb:
                     verdict = "no: the channels do not fit in memory"
                 else:
                     verdict = "yes"
                 out.append(
-                    f"| {g} | {'in memory' if source == 'memory' else 'Zarr'} | {one:.0f} | {node} | {need:.0f} | "
-                    f"{workers} | {cores} | {f'{held:.0f}' if source == 'memory' else '-'} | {ram} | {verdict} |"
+                    f"| {grid} | {source} | {rates} | {node} | {workers} | {spec.cores_per_gpu} | "
+                    f"{f'{held:.0f}' if source == 'in memory' else '-'} | {spec.ram_gb} | {verdict} |"
                 )
     out += [
         "",
         "`workers per rank` < `cores per GPU` leaves a core for the training process; in memory, the "
-        f"{TRAIN} training years' channels of the 8 ranks (each rank its 10 channels and the 5 outputs; the "
+        f"{TRAIN} training years' channels of the 8 ranks (each rank its channels and the 5 outputs; the "
         "DataLoader's forked workers share them) must fit in 80% of the node's memory. The settings: "
         "`train.num_workers` at least the table's `workers per rank` for the node, `train.prefetch_factor` 2, "
-        "and `train.cache_mb` above a rank's share of the channels where the table says they fit "
-        "(config/paper.yaml: 5.625 deg, 16384 MiB and 6 workers).",
+        "and `train.cache_mb` above a rank's share of the channels where they fit (config/paper.yaml: "
+        "5.625 deg, 16384 MiB and 6 workers).",
     ]
     return out
 

@@ -84,6 +84,15 @@ def test_every_era5_store_the_pipeline_writes_is_float32(data_root, tmp_path):
         tmp_path / "forecast.zarr",
     ]
     assert_float32(stores)
+    # the climatology: a chunk per day of year (what scoring reads), a variable's days in one shard
+    for store in (clim, tmp_path / "clim_wb2.zarr"):
+        group = zarr.open_group(str(store), mode="r")
+        dims = {n: group[n].metadata.dimension_names for n in group.array_keys()}
+        by_day = [group[n] for n, d in dims.items() if "dayofyear" in d and len(d) > 1]  # not the coordinate
+        assert len(by_day) >= len(variables), store
+        for a in by_day:
+            day = a.metadata.dimension_names.index("dayofyear")
+            assert a.chunks[day] == 1 and a.shards == a.shape, (store, a.path, a.chunks, a.shards)
 
 
 def test_every_hyperspectral_store_and_prediction_is_float32(tmp_path):
@@ -238,8 +247,10 @@ def test_the_loader_benchmark_measures_every_source_side_by_side(tmp_path):
             assert row[f"{source}_w{w}"] > 0 and row[f"{source}_w{w}_mb_s"] > 0
     assert row["tensorstore_cold_w0"] > 0 and row["tensorstore_cached_w0"] > 0 and row["zarr_python_cached_w0"] > 0
     assert (row["grid"], row["tp"], row["channels"], row["outputs"]) == (5.625, 8, 10, 5)
+    # the chunk layout compared: rank 0 of 8's channels in one block, its outputs in the blocks they lie in
+    assert row["blocks_cold_w0"] > 0 and row["blocks_cached_w0"] > 0 and row["block_chunks_per_step"][0] == 1
     md = out.with_suffix(".md").read_text()
-    assert "dchag / tensorstore (cached)" in md and "shared with other" in md
+    assert "dchag / tensorstore (cached)" in md and "shared with other" in md and "per block cached" in md
     assert not (tmp_path / "work").exists()
 
 

@@ -140,6 +140,7 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     # Rerunning does nothing: results are up to date.
     again = snakemake(tmp_path, "-n", configfile=demo)
     assert "Nothing to be done" in again.stdout + again.stderr
+    check_a_store_of_an_earlier_format_is_rewritten(tmp_path, demo)
     check_evaluation(tmp_path / "results" / "demo")
     # `snakemake figures` redraws every figure from the results, training nothing.
     redraw = snakemake(tmp_path, "figures", "-n", "--quiet", "rules", "--forcerun", *FIGURE_RULES, configfile=demo)
@@ -233,7 +234,9 @@ paper:
       - {variant: [tokenize, tokenize+aggregate, dist-tokenize, dist-tokenize+gather-all],
          stands_for: {width: 2048, channels: 1024, tp: 8}}
     tree: [{variant: [dchag-l, dchag-c], tree: [0, 2], stands_for: {width: 2048, channels: 1024, tp: 8}}]
-    full_models: [{variant: [baseline, dchag-c, dchag-l], stands_for: {width: 2048, channels: 1024, tp: 8}}]
+    full_models:
+      - {variant: [baseline, dchag-c, dchag-l], stands_for: {width: 2048, channels: 1024, tp: 8}}
+      - {variant: dchag-l, fused_front_end: true, stands_for: {width: 2048, channels: 1024, tp: 8}}
     tp_scaling: [{variant: [baseline, dchag-l], tp: [2, 4], stands_for: {width: 2048, channels: 1024, tp: [8, 16]}}]
 """
 PAPER_ACCURACY_OVERLAY = """
@@ -251,8 +254,13 @@ def check_paper(results: Path) -> None:
     import pandas as pd
 
     points = [json.loads(p.read_text()) for p in sorted((results / "paper" / "points").glob("*.json"))]
-    assert len(points) == 11, [p["name"] for p in points]  # 3 + 2 + 4 + (2 shared) + 2: shared points measured once
-    m = {(p["point"]["variant"], p["point"]["tp"], p["point"]["tree"]): p for p in points}
+    # 3 + 2 + 4 + (2 shared) + 1 + 2: shared points measured once
+    assert len(points) == 12, [p["name"] for p in points]
+    fused = [p for p in points if p["point"]["fused_front_end"]]
+    assert [p["name"][-6:] for p in fused] == ["-fused"]
+    m = {(p["point"]["variant"], p["point"]["tp"], p["point"]["tree"]): p for p in points if p not in fused}
+    # the fused front end forms no channel tokens: less memory than the same model forming them
+    assert fused[0]["memory_mib_rank0"] < m[("dchag-l", 2, 0)]["memory_mib_rank0"]
     check_a_point_records_per_rank_memory_its_split_time_and_throughput(m)
     check_the_measured_memory_has_the_papers_shape({k: v["memory_mib_rank0"] for k, v in m.items()})
     for kind in PAPER_FIGURES[:-1]:  # all but accuracy
@@ -270,6 +278,28 @@ def check_paper(results: Path) -> None:
             known = memory[memory.published.notna()]
             assert (known.prediction_error.abs() < 0.35).all(), known
     assert not (results / "figures" / "paper" / "accuracy.png").exists()  # no accuracy runs in this config
+
+
+def check_a_store_of_an_earlier_format_is_rewritten(workdir: Path, configfile: list) -> None:
+    """A split store written before the store format changed (dchag.store.STORE_FORMAT: the
+    float64 stores) is planned again: the job's recorded parameters, as Snakemake keeps them in
+    .snakemake/metadata, lack the format. With the record restored, nothing is to be done."""
+    from base64 import urlsafe_b64encode
+
+    from dchag.store import STORE_FORMAT
+
+    record = workdir / ".snakemake" / "metadata" / urlsafe_b64encode(b"results/demo/era5/train.zarr").decode()
+    saved = record.read_text()
+    meta = json.loads(saved)
+    assert STORE_FORMAT in meta["params"], meta["params"]
+    meta["params"].remove(STORE_FORMAT)
+    record.write_text(json.dumps(meta))
+    try:
+        plan = snakemake(workdir, "-n", "--quiet", "rules", configfile=configfile)
+        planned = {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", plan.stdout + plan.stderr, re.M)}
+        assert {"era5_split", "train", "forecast"} <= planned, plan.stdout + plan.stderr
+    finally:
+        record.write_text(saved)
 
 
 def check_paper_accuracy(results: Path) -> None:
@@ -385,7 +415,13 @@ def check_verification(results: Path) -> None:
     import pandas as pd
 
     verdict = pd.read_csv(results / "eval" / "verify" / "verdict.csv")
-    assert list(verdict.run) == ["verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l"]
+    assert list(verdict.run) == [
+        "verify-dp",
+        "verify-fixed-group",
+        "verify-compress",
+        "verify-dchag-l",
+        "verify-dchag-l-tokens",
+    ]
     assert (verdict.steps == 8).all() and (verdict.step_s > 0).all() and (verdict.peak_mem_mib_max_rank > 0).all()
     assert verdict.set_index("run").verdict["verify-dp"] == "reference"
     assert set(verdict.verdict) <= {
@@ -418,7 +454,7 @@ def test_verification_repeats_interleave(tmp_path):
     proc = snakemake(tmp_path, "verify", "-n", "--printshellcmds", configfile=[REPO / "config" / "demo.yaml", extra])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    methods = ("verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l")
+    methods = ("verify-dp", "verify-fixed-group", "verify-compress", "verify-dchag-l", "verify-dchag-l-tokens")
     launches = [line for line in out.splitlines() if "launch-train" in line]
     # one math-library thread per rank: the job's 2 threads over its 2 ranks (Snakemake exports 2)
     assert all("--nproc 2" in line and "--threads-per-rank 1" in line for line in launches), launches[0]

@@ -466,6 +466,26 @@ def compressors() -> list:
     return [zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")]
 
 
+# What the pipeline's writers put in a store, named: the rules that write field stores carry it as
+# a parameter, and Snakemake reruns a job whose recorded parameters differ, so a store written
+# before a change of format (the float64 stores before 2026-12; the climatology in one chunk per
+# variable) is rewritten by the next run. Change it when the writers' output changes.
+STORE_FORMAT = "zarr3 float32, climatology by day of year (2026-12)"
+
+
+def day_of_year_encoding(ds: xr.Dataset) -> dict:
+    """Encoding of a climatology: a chunk per day of year (what scoring reads, a forecast's valid
+    days), each variable's days in one shard (one file)."""
+    return {
+        name: {
+            "chunks": tuple(1 if d == "dayofyear" else n for d, n in zip(v.dims, v.shape)),
+            "shards": v.shape,
+        }
+        for name, v in ds.data_vars.items()
+        if "dayofyear" in v.dims
+    }
+
+
 def write_zarr(
     ds: xr.Dataset, path: str | os.PathLike, encoding: dict | None = None, kind: str = "store", inputs=()
 ) -> None:

@@ -10,6 +10,7 @@ from snakemake.settings.types import DeploymentMethod
 
 from dchag.config import ConfigError, read_yaml, schema_enum, validate
 from dchag.plan import BASELINE_FORECASTS, ERA5_SPLITS, Plan
+from dchag.store import STORE_FORMAT
 
 # The config files are read again strictly (a key given twice, an alias bomb), then validated
 # against the schema (workflow/schemas/config.schema.yaml), which fills in its defaults; an

@@ -197,6 +197,7 @@ rule era5_split:
         mem_mb=2000,
         runtime=60,
     params:
+        store_format=STORE_FORMAT,
         dchag=DCHAG,
         cfg=section_config("era5"),
     shell:
@@ -244,6 +245,7 @@ rule era5_climatology:
         mem_mb=P.era5_mem_mb("era5_climatology", 4000),
         runtime=60,
     params:
+        store_format=STORE_FORMAT,
         dchag=DCHAG,
         cfg=section_config("era5"),
     shell:

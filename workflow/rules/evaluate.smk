@@ -13,6 +13,7 @@ rule era5_truth:
     conda:
         "../../envs/train.yaml"
     params:
+        store_format=STORE_FORMAT,
         dchag=DCHAG,
         variables=P.forecast_variables(),
     shell:
@@ -30,6 +31,7 @@ rule wb2_climatology:
     conda:
         "../../envs/train.yaml"
     params:
+        store_format=STORE_FORMAT,
         dchag=DCHAG,
     shell:
         "{params.dchag} wb2-climatology --climatology {input:q} --output {output:q} > {log:q} 2>&1"
@@ -50,6 +52,7 @@ rule forecast:
     conda:
         "../../envs/train.yaml"
     params:
+        store_format=STORE_FORMAT,
         dchag=DCHAG,
         cfg=run_config,
         leads=EVAL["lead_hours"],
@@ -73,6 +76,7 @@ rule baseline_forecast:
     conda:
         "../../envs/train.yaml"
     params:
+        store_format=STORE_FORMAT,
         dchag=DCHAG,
         variables=P.forecast_variables(),
         leads=EVAL["lead_hours"],
@@ -226,6 +230,7 @@ rule predict_hindcast:
     conda:
         "../../envs/train.yaml"
     params:
+        store_format=STORE_FORMAT,
         dchag=DCHAG,
         model=model_folder,
         leads=EVAL["lead_hours"],

@@ -24,7 +24,7 @@ import xarray as xr
 import zarr
 
 from .. import provenance
-from ..store import InputError, atomic_path, compressors
+from ..store import InputError, atomic_path, compressors, day_of_year_encoding
 from .source import Era5InputError
 from .years import YearStore, open_years
 
@@ -209,6 +209,8 @@ def combine_climatology(part_stores: list[str | Path], output: str | Path, confi
         **provenance.as_attrs(provenance.record(config)),
     }
     encoding = {v: {"compressors": compressors(), "chunks": skeleton[v].shape} for v in skeleton.data_vars}
+    for v, by_day in day_of_year_encoding(skeleton).items():
+        encoding[v].update(by_day)
     with atomic_path(output, "climatology") as tmp:
         skeleton.to_zarr(tmp, zarr_format=3, consolidated=False, compute=False, mode="w", encoding=encoding)
         for c, name in enumerate(names):

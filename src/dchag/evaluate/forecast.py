@@ -221,7 +221,7 @@ def model_forecast(
 def wb2_climatology(climatology: str, output: str) -> Path:
     """The pipeline's climatology store (`dchag era5-climatology`) in WeatherBench 2's layout:
     what WB2's ACC and `dchag score` read at each valid time."""
-    from ..store import open_any
+    from ..store import day_of_year_encoding, open_any
 
     src = open_any(str(climatology), "climatology", normalise_names=False)
     ds = wb2.climatology(src)
@@ -231,5 +231,5 @@ def wb2_climatology(climatology: str, output: str) -> Path:
             **provenance.as_attrs(provenance.record({"climatology": str(climatology)})),
         }
     )
-    write_zarr(ds.chunk(-1), output, kind="wb2-climatology")
+    write_zarr(ds.chunk(-1), output, encoding=day_of_year_encoding(ds), kind="wb2-climatology")
     return Path(output)
