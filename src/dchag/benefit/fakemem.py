@@ -55,10 +55,6 @@ class Overhead:
 OVERHEAD = Overhead(1.0, 0.0, "none: reserved = the tensor peak")
 
 
-class LayoutError(DchagError, ValueError):
-    """A layout the fake-tensor run cannot build."""
-
-
 @contextlib.contextmanager
 def fake_world(world_size: int, rank: int = 0):
     """A fake default process group of ``world_size`` ranks with this process as ``rank``;
@@ -111,9 +107,8 @@ def _storage_bytes(tensors) -> int:
             continue
         t = t._local_tensor if isinstance(t, DTensor) else t
         storage = t.untyped_storage()
-        key = id(storage) if not hasattr(storage, "_cdata") else storage._cdata
-        if key not in seen:
-            seen.add(key)
+        if storage._cdata not in seen:  # the C++ storage: one however many Python wrappers
+            seen.add(storage._cdata)
             total += storage.nbytes()
     return total
 
