@@ -65,7 +65,7 @@ def tensors_on_rank0(cfg: dict, channels: int) -> int:
 def test_cli_json_counts_the_states_exactly(tmp_path):
     """From the command line, D-CHAG-L under DDP on 2 ranks (tp 1): rank 0's parameters are the
     cost model's count, gradients as many bytes, AdamW two fp32 moments and a 4-byte step per
-    tensor; DDP's gradient buckets are activations-side memory, in the peak."""
+    tensor."""
     cfg = small_config(1, "linear", "dchag", data_parallel="ddp")
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))

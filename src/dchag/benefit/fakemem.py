@@ -6,7 +6,9 @@ What is built is the trainer's: ``ChannelViT`` of the run's model section, ``par
 over the run's (dp, tp) mesh (tensor parallelism or D-CHAG, activation checkpointing, FSDP or
 DDP over the data-parallel ranks, freezing), the run's AdamW (``step.param_groups``), the
 task's own loss under the run's autocast. The step leaves out the gradient clipping and the
-finite check (they read values, which fake tensors do not have; they hold a few scalars).
+finite check (they read values, which fake tensors do not have; they hold a few scalars). Not
+counted: DDP's gradient buckets (a copy of the gradients, made in DDP's C++ reducer before the
+measurement starts: add the gradients' bytes once more under parallel.data_parallel ddp).
 
 MemTracker follows every tensor's storage: the tensor peak and, at that moment, its split into
 parameters (and buffers), gradients, optimizer state, activations (forward's, and
