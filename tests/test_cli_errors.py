@@ -177,6 +177,7 @@ def _cases(tmp):
         "hsi-scores": [f"{MISSING}/recon.json", "--output", str(tmp / "h.csv")],
         "calibrate": ["--config", f"{MISSING}/config.yaml", "--output", str(tmp / "hw.yaml")],
         "advise": ["--gpus", "8", "--gpus-per-node", "4"],
+        "estimate-memory": ["--config", f"{MISSING}/config.yaml", "--run", "f"],
         "verify-report": [f"verify-dp={MISSING}/run", "--output", str(tmp / "v.csv"), "--figure", str(tmp / "v.png")],
         "install-profile": ["slurm", "--dest", str(profile)],
         "figure": ["loss-curves", f"{MISSING}/log.csv", "--output", str(tmp / "f.png")],

@@ -102,6 +102,6 @@ def _gather_check(rank, world):
     group = dist.new_group(list(range(world)))
     width = 3 if rank == 0 else 2  # uneven blocks: 3 + 2 channels
     x = torch.full((2, width, 4, 4), float(rank)).to(torch.float64)
-    out = gather_channels(x, group)
+    out = gather_channels(x, group, [3, 2])
     assert out.shape == (2, 5, 4, 4) and out.dtype == x.dtype and out.device == x.device
     assert out[:, :3].eq(0).all() and out[:, 3:].eq(1).all()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .common import config, nonneg_float, pairs, positive_float, positive_int
+from .common import config, config_arg, nonneg_float, nonneg_int, pairs, positive_float, positive_int
 
 VERIFY_COLUMNS = [
     "run",
@@ -93,6 +93,22 @@ def cmd_advise(args) -> None:
         advise.write(result, args.output)
 
 
+def cmd_estimate_memory(args) -> None:
+    import json
+
+    from ..benefit import fakemem
+    from ..checks import check_run
+    from ..config import ConfigError, settings
+
+    s = settings(config(args))
+    if args.run not in s.train.runs:
+        raise ConfigError(f"{args.config}: no run {args.run!r} in train.runs ({', '.join(s.train.runs) or 'none'})")
+    run = check_run(s, args.run, world_size=args.world_size)
+    model = fakemem.model_of(run, args.channels, tuple(args.img) if args.img else None)
+    result = fakemem.estimate(run, model, args.batch, args.world_size, args.rank)
+    print(json.dumps(result, indent=1) if args.json else fakemem.format_table(result))
+
+
 def cmd_verify_report(args) -> None:
     from pathlib import Path
 
@@ -147,6 +163,21 @@ def register(add) -> None:
     sp.add_argument("--compute-s", type=positive_float, help="the seed article's model: compute time per step")
     sp.add_argument("--delta-alpha", type=nonneg_float, default=2e-3, help="the article's added fixed overhead (s)")
     sp.add_argument("--output", help=".json (everything) or .md (the table)")
+
+    sp = add(
+        "estimate-memory",
+        cmd_estimate_memory,
+        "a run's per-rank memory at any scale: its model built and parallelized as training does, on fake tensors "
+        "and a fake process group, through forward, backward and two optimizer steps",
+    )
+    config_arg(sp)
+    sp.add_argument("--run", required=True, help="the run of train.runs")
+    sp.add_argument("--channels", type=positive_int, help="synthetic input channels (default: the run's data)")
+    sp.add_argument("--img", type=positive_int, nargs=2, metavar=("H", "W"), help="synthetic image size")
+    sp.add_argument("--batch", type=positive_int, help="micro-batch per rank (default: train.batch_size)")
+    sp.add_argument("--world-size", type=positive_int, help="processes (default: train.nproc x train.nodes)")
+    sp.add_argument("--rank", type=nonneg_int, default=0, help="the rank measured (default 0)")
+    sp.add_argument("--json", action="store_true", help="print the result as JSON (bytes)")
 
     sp = add(
         "verify-report",

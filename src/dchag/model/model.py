@@ -204,7 +204,8 @@ class ChannelViT(nn.Module):
         kept = torch.gather(tokens, 1, ids_keep[..., None].expand(-1, -1, d))
         latent = self.decoder_embed(self.encode(kept))
         full = self.mask_token.expand(b, l, -1).clone()
-        full = full.scatter(1, ids_keep[..., None].expand(-1, -1, latent.shape[-1]), latent)
+        # under bf16 autocast the latent is bf16, the mask token float32: scatter takes one dtype
+        full = full.scatter(1, ids_keep[..., None].expand(-1, -1, latent.shape[-1]), latent.to(full.dtype))
         full = full + self.decoder_pos_embed
         for block in self.decoder_blocks:
             full = block(full)

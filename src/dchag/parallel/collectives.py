@@ -37,16 +37,13 @@ def gather_groups(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor
     return _GatherGroups.apply(local, group)
 
 
-def gather_channels(x: torch.Tensor, group) -> torch.Tensor:
-    """All channels from every TP rank's block (uneven blocks padded for the collective): the
-    masked autoencoder reconstructs every channel, while each rank reads only its own. Every
-    tensor of the collective lies on ``x``'s device."""
+def gather_channels(x: torch.Tensor, group, counts: list[int]) -> torch.Tensor:
+    """All channels from every TP rank's block (``counts``: each rank's channels, in rank
+    order; uneven blocks padded for the collective): the masked autoencoder reconstructs every
+    channel, while each rank reads only its own. Every tensor of the collective lies on ``x``'s
+    device."""
     if group is None or dist.get_world_size(group) == 1:
         return x
-    world = dist.get_world_size(group)
-    sizes = [torch.zeros((), dtype=torch.long, device=x.device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor(x.shape[1], device=x.device), group=group)
-    counts = [int(n) for n in sizes]
     padded = x.new_zeros(x.shape[0], max(counts), *x.shape[2:])
     padded[:, : x.shape[1]] = x
     parts = [torch.empty_like(padded) for _ in counts]

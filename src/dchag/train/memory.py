@@ -22,7 +22,8 @@ KINDS = ("parameters", "gradients", "optimizer", "activations")
 @contextlib.contextmanager
 def step_peak(device: torch.device, *tracked: nn.Module | torch.optim.Optimizer) -> Iterator[dict]:
     """Measure the step run inside; on exit the yielded dict holds ``total`` MiB (and, on the
-    CPU, the split by kind)."""
+    CPU, the split by kind at the peak, in MiB, and in ``bytes`` by MemTracker's kinds). The
+    CPU's measure also follows fake tensors (dchag.benefit.fakemem)."""
     result: dict = {}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -43,13 +44,18 @@ def step_peak(device: torch.device, *tracked: nn.Module | torch.optim.Optimizer)
             for p in obj.parameters():
                 if not p.requires_grad:
                     tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+    # a measurement of several steps calls this between them (MemTracker's module statistics
+    # follow one iteration)
+    result["new_iteration"] = tracker.reset_mod_stats
     with tracker:
         yield result
-    per: dict[str, float] = {}
+    del result["new_iteration"]
+    per: dict[str, float] = {}  # bytes by MemTracker's names of the kinds (Parameter, ..., Total)
     for dev_stats in tracker.get_tracker_snapshot("peak").values():
         for kind, nbytes in dev_stats.items():
-            per[str(kind)] = per.get(str(kind), 0) + nbytes
-    get = lambda *kinds: sum(per.get(str(k), 0) for k in kinds) / MIB  # noqa: E731
+            name = getattr(kind, "value", str(kind))
+            per[name] = per.get(name, 0) + nbytes
+    get = lambda *kinds: sum(per.get(k.value, 0) for k in kinds) / MIB  # noqa: E731
     result.update(
         {
             "total": per.get("Total", sum(v for k, v in per.items() if k != "Total")) / MIB,
@@ -57,6 +63,7 @@ def step_peak(device: torch.device, *tracked: nn.Module | torch.optim.Optimizer)
             "gradients": get(_MemRefType.GRAD),
             "optimizer": get(_MemRefType.OPT),
             "activations": get(_MemRefType.ACT, _MemRefType.TEMP),
+            "bytes": per,
         }
     )
 

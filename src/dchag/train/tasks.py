@@ -18,6 +18,7 @@ from ..config import ConfigError, RunSettings
 from ..era5.source import forecast_model_config, forecast_outputs, run_channels
 from ..model import ModelConfig, random_masking
 from ..model.build import model_config
+from ..model.model import channel_groups
 from ..parallel.collectives import gather_channels
 from .data import ForecastDataset, SampleDataset, open_array, store_info
 
@@ -192,7 +193,9 @@ class MaeTask(_HsiTask):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)  # same mask on every TP rank
         ids_keep, mask = random_masking(x.shape[0], self.model_cfg.num_patches, self.cfg.train.mae.mask_ratio, g)
         pred = model(x, ids_keep=ids_keep.to(x.device), active_groups=active_groups)
-        per_patch = patchwise_mse(pred, gather_channels(x, channel_group), self.model_cfg.patch_size)
+        cfg = self.model_cfg
+        counts = [hi - lo for lo, hi in channel_groups(cfg.in_channels, cfg.groups)]  # a group per TP rank
+        per_patch = patchwise_mse(pred, gather_channels(x, channel_group, counts), cfg.patch_size)
         if self.cfg.train.mae.loss == "masked":
             m = mask.to(per_patch.device)
             return (per_patch * m).sum() / m.sum(), {}
