@@ -2,7 +2,7 @@
 (`dchag estimate-memory`'s measurement), and the overhead model from tensor peak to the
 allocator's reservation fitted to it.
 
-    flock /work/helpers/bench.lock python benchmarks/paper_memory_fake.py \
+    python benchmarks/paper_memory_fake.py \
         --output benchmarks/results/paper_memory_fake
 
 Every published memory number of a whole model (the full-model table and the TreeK rows of
@@ -132,7 +132,7 @@ def main() -> None:
         "max_abs_error_held_out": max(held) if held else None,
         "median_abs_error_fit": statistics.median(abs(r["error"]) for r in rows if r["fit"]),
     }
-    command = "flock /work/helpers/bench.lock python benchmarks/paper_memory_fake.py --output " + str(out)
+    command = "python benchmarks/paper_memory_fake.py --output " + str(out)
     lines = [
         "# The paper's memory table from dchag's model on fake tensors",
         "",
