@@ -70,7 +70,10 @@ SIZES = {  # the benchmark's model: paper-like on a GPU (docs/method.md: 128 x 2
         checkpoint_every=4,
     ),
 }
-BENCH_VARIANTS = [(VARIANTS[n].label, n) for n in MODEL_VARIANTS]  # (label, paper variant)
+# (label, paper variant, fused front end): each model forming the channel tokens, then fused
+BENCH_VARIANTS = [(VARIANTS[n].label, n, False) for n in MODEL_VARIANTS] + [
+    (f"{VARIANTS[n].label} fused", n, True) for n in MODEL_VARIANTS
+]
 
 
 def _torchrun(nproc: int, *args: str) -> list[str]:
@@ -308,7 +311,7 @@ def part_bench(size: str) -> None:
     init_distributed()
     s = SIZES[size]
     for channels in s["channels"]:
-        for label, variant in BENCH_VARIANTS:
+        for label, variant, fused in BENCH_VARIANTS:
             p = Point(
                 s["width"],
                 s["depth"],
@@ -323,6 +326,7 @@ def part_bench(size: str) -> None:
                 variant,
                 0,
                 False,
+                fused_front_end=fused,
             )
             try:
                 r = measure(p, s["steps"], warmup=1)
@@ -387,7 +391,7 @@ def _table(result: dict) -> str:
         lines += [f"Calibrate: {result['calibrate']['output']}", ""]
     if result.get("bench"):
         lines += [
-            "## Baseline vs D-CHAG at T = 1",
+            "## Baseline vs D-CHAG at T = 1, forming the channel tokens and fused",
             "",
             "| C | variant | max_memory_reserved MiB | vs base | peak allocated MiB | step s | samples/s "
             "| TFLOPS/GPU |",

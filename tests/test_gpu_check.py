@@ -57,7 +57,8 @@ def test_gpu_check_rehearses_the_device_run_on_the_cpu(tmp_path):
         assert r["precision"] == "fp32"  # bf16 on a GPU (precision: auto)
     assert result["calibrate"]["backend"] == "gloo"
     variants = {(r["variant"], r["channels"]) for r in result["bench"]}
-    assert variants == {(v, c) for v in ("baseline", "D-CHAG-L", "D-CHAG-C") for c in (8, 16)}
+    token = ("baseline", "D-CHAG-L", "D-CHAG-C")
+    assert variants == {(v + f, c) for v in token for f in ("", " fused") for c in (8, 16)}
     assert all(r["forward_flops"] > 0 and r["tflops_per_gpu"] > 0 and r["samples_per_s"] > 0 for r in result["bench"])
     md = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "TFLOPS/GPU" in md and "benchmarks/gpu_check.sh --dry-run --output" in md and "Every part passed." in md
