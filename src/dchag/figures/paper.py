@@ -108,7 +108,8 @@ def _bars(ax, groups: list[str], series: list[str], value, title: str, ylabel: s
             if v is not None and np.isfinite(v):
                 xs.append(i + (j - (len(series) - 1) / 2) * width)
                 ys.append(v)
-        ax.bar(xs, ys, width, color=COLOR.get(s, f"C{j}"), label=LABEL.get(s, s))
+        # a series with no bar here still shows its colour in the legend (a NaN bar draws nothing)
+        ax.bar(xs or [np.nan], ys or [np.nan], width, color=COLOR.get(s, f"C{j}"), label=LABEL.get(s, s))
         for x, y in zip(xs, ys):
             ax.text(x, y, f"{y:.3g}", ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(groups)), groups, fontsize=7, rotation=20, ha="right")
