@@ -123,10 +123,9 @@ def ranks_rows(args, tp: int) -> list[dict]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [a for a in sys.argv[1:]]
         subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}", __file__,
-             *argv, "--worker", str(out)],
+             *sys.argv[1:], "--worker", str(out)],
             check=True,
         )  # fmt: skip
         return json.loads(out.read_text())

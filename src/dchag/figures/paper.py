@@ -93,6 +93,16 @@ def _run_setting(p: Point) -> str:
     return f"w{p.width} d{p.depth}, {p.channels} ch, TP{p.tp}" + (f" x DP{p.dp}" if p.dp > 1 else "")
 
 
+def _model_series(runs: list[Run]) -> list[str]:
+    """The whole-model series the runs hold, each variant followed by its fused front end."""
+    return [
+        s
+        for v in ("baseline", "dchag-c", "dchag-l")
+        for s in (v, f"{v}+fused")
+        if any(r.point.series == s for r in runs)
+    ]
+
+
 def _unit(runs: list[Run]) -> tuple[str, float]:
     """Axis unit of the measured panel: GB on a GPU, MiB on the CPU (scaled-down runs)."""
     return ("GB", 1.0) if all(r.on_gpu for r in runs) else ("MiB", 1024.0)
@@ -282,12 +292,7 @@ def tree(paths: list[str], output: str) -> Path:
 def full_models(paths: list[str], output: str) -> Path:
     """Memory (top row) and TFLOPS/GPU with samples/s per GPU (bottom row) for baseline, -C, -L."""
     runs = load(paths)
-    series = [
-        s
-        for v in ("baseline", "dchag-c", "dchag-l")
-        for s in (v, f"{v}+fused")
-        if any(r.point.series == s for r in runs)
-    ]
+    series = _model_series(runs)
     fig, axes = plt.subplots(2, 3, figsize=(14, 8.4))
     rows, deviation = _memory_panels(
         axes[0], "full_models", runs, lambda p: _setting(*p.paper_setting), series, lambda p, k: (k[0], "baseline")
@@ -366,12 +371,7 @@ def tp_scaling(paths: list[str], output: str) -> Path:
     """Memory per GPU and samples/s per GPU against TP, for a fixed model."""
     runs = load(paths)
     unit, scale = _unit(runs)
-    series = [
-        s
-        for v in ("baseline", "dchag-c", "dchag-l")
-        for s in (v, f"{v}+fused")
-        if any(r.point.series == s for r in runs)
-    ]
+    series = _model_series(runs)
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
     rows, deviation = [], []
     for v in series:
