@@ -78,7 +78,7 @@ def trained(data_root, tmp_path_factory):
 
 
 def test_the_exported_model_gives_the_runs_outputs(trained):
-    from dchag.train.loading import load_trained
+    from dchag.predict.artifact import from_run
 
     root, out, runs = trained
     model = model_file.load(out / "full_model")  # one CPU, the folder alone
@@ -90,13 +90,14 @@ def test_the_exported_model_gives_the_runs_outputs(trained):
     assert len(meta["grid"]["latitude"]) == 32 and meta["lead_hours"] == {"trained": [24, 48], "time_step_hours": 24}
     assert len(meta["normalisation"]["mean"]) == 7 and meta["provenance"]["run"] == "f"
     assert meta["provenance"]["fingerprint"]["parallel.strategy"] == "dchag"
+    assert meta["layout"] == {"tp": 2, "strategy": "dchag"} and model.layout == (2, "dchag")
     assert set(model.constants) == {"lsm"} and model.constants["lsm"].shape == (32, 64)
     from safetensors import safe_open
 
     with safe_open(str(out / "full_model" / "model.safetensors"), "pt") as f:  # consolidated: no per-rank blocks
         assert "tokenizer.weight" in f.keys() and not any("[" in k for k in f.keys())
         assert f.get_tensor("tokenizer.weight").shape[0] == 7
-    _, _, ref = load_trained(runs["full"], "f", out / "full" / "final", "forecast")
+    ref = from_run(runs["full"], "f", out / "full" / "final", root / "era5" / "train.zarr").network
     x = torch.randn(3, 7, 32, 64, generator=torch.Generator().manual_seed(0))
     lead = torch.tensor([24.0, 36.0, 48.0])
     with torch.no_grad():
@@ -172,6 +173,20 @@ def test_predict_under_torchrun_runs_in_the_runs_layout(trained, tmp_path):
     assert four.attrs["forecast"] == "model" and four.attrs["model"] == one.attrs["model"]
     for var in ("geopotential", "2m_temperature"):
         np.testing.assert_allclose(four[var].values, one[var].values, rtol=1e-5)
+
+
+def test_verifiable_keeps_the_times_whose_every_lead_the_store_holds(trained, tmp_path):
+    """The pipeline's evaluation forecasts: --verifiable drops the last initialisations, whose
+    48 h valid time is past the store's end, and the scores compare over the rest."""
+    root, out, _ = trained
+    store = root / "y2001.zarr"
+    times = xr.open_zarr(store).time.values
+    args = ["predict", "--model", str(out / "full_model"), "--store", str(store), "--lead-hours", "24", "48"]
+    assert main([*args, "--verifiable", "--output", str(tmp_path / "v.zarr")]) == 0
+    kept = xr.open_zarr(tmp_path / "v.zarr").time.values
+    assert (kept == times[:-2]).all()  # daily steps: the last two have no 48 h truth
+    assert main([*args, "--output", str(tmp_path / "all.zarr")]) == 0
+    assert xr.open_zarr(tmp_path / "all.zarr").time.size == len(times)
 
 
 def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):

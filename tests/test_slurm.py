@@ -78,10 +78,11 @@ SLURM_ARGS = [
 
 def _final_tensors(run_dir: Path) -> dict:
     from dchag.config import load_config
-    from dchag.train.loading import load_trained
+    from dchag.predict.artifact import from_run
 
-    *_, model = load_trained(load_config(str(run_dir.parents[3] / "small.yaml")), RUN, run_dir / "final", "forecast")
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    config = load_config(str(run_dir.parents[3] / "small.yaml"))
+    model = from_run(config, RUN, run_dir / "final", run_dir.parents[1] / "era5" / "train.zarr")
+    return {k: v.detach().clone() for k, v in model.network.state_dict().items()}
 
 
 def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tmp_path):

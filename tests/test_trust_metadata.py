@@ -197,11 +197,11 @@ def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys
     assert not (tmp_path / "coarse-map.zarr").exists()
 
 
-# -- export and predict --data against the checkpoint's fingerprint --------------------------------
-def test_export_and_predict_refuse_a_store_other_than_the_checkpoints(tmp_path, capsys):
+# -- export and evaluation --data against the model's training store --------------------------------
+def test_export_and_evaluation_refuse_a_store_other_than_the_checkpoints(tmp_path, capsys):
     """A classification run's checkpoint (the trainer's DCP writer and fingerprint) on a store
     the real preprocessing made; the same scene preprocessed with other clipping bounds gives
-    other statistics: export and predict with it are refused, naming the store and the field."""
+    other statistics: export and evaluation with it are refused, naming the store and the field."""
     import json
 
     import scipy.io
@@ -261,13 +261,18 @@ def test_export_and_predict_refuse_a_store_other_than_the_checkpoints(tmp_path, 
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"store {other} is not the data checkpoint {final} was trained on: its data.mean[0] is" in err
     assert not (tmp_path / "model2").exists()
-    # predict from the run with --data: the same refusal before anything is read or written
-    scipy.io.savemat(tmp_path / "new.mat", {"indian_pines": cube})
-    code = main(["predict", *export[1:], "--data", str(other), "--image", str(tmp_path / "new.mat"),
-                 "--output", str(tmp_path / "map.zarr")])  # fmt: skip
+    # the model scored on the other store: refused before anything is predicted or written
+    out = tmp_path / "scores.json"
+    code = main(["evaluate-classification", "--model", str(tmp_path / "model"), "--data", str(other), "--output",
+                 str(out), "--per-class", str(tmp_path / "pc.csv"), "--map", str(tmp_path / "map.npz")])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2 and "is not the data checkpoint" in err and str(other) in err
-    assert not (tmp_path / "map.zarr").exists()
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{other} is normalised with other statistics than" in err
+    assert not out.exists() and not (tmp_path / "map.npz").exists()
+    # and on its own store, scored
+    scored = ["--output", str(out), "--per-class", str(tmp_path / "pc.csv"), "--map", str(tmp_path / "map.npz")]
+    assert main(["evaluate-classification", "--model", str(tmp_path / "model"), "--data", str(trained), *scored]) == 0
+    assert json.loads(out.read_text())["run"] == "r"
 
 
 def test_a_forecast_store_is_compared_by_channels_grid_and_statistics(data_root, tmp_path):

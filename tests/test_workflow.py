@@ -44,7 +44,7 @@ DEMO_JOBS = {  # the demo's plan: 3 ERA5 years + constants, 12 training runs (3 
     "hsi_classification": 1,
     "hsi_mae": 1,
     "train": 12,
-    "export_model": 3,  # the runs others start from: mae-baseline, mae-dchag, forecast-subset
+    "export_model": 12,  # every run: evaluation (and init_from) reads its model folder
     "train_summary": 1,
     "era5_truth": 1,
     "wb2_climatology": 1,

@@ -37,9 +37,11 @@ rule wb2_climatology:
         "{params.dchag} wb2-climatology --climatology {input:q} --output {output:q} > {log:q} 2>&1"
 
 
+# The run's model folder over the test split: the initialisation times whose every lead is in
+# it (`dchag predict --verifiable`), what the scores compare over.
 rule forecast:
     input:
-        final=RUN.final,
+        model=RUN.model_json,
         test=f"{RESULTS}/era5/test.zarr",
     output:
         directory(f"{EVAL_DIR}/era5/forecast_{{run}}.zarr"),
@@ -54,13 +56,12 @@ rule forecast:
     params:
         store_format=STORE_FORMAT,
         dchag=DCHAG,
-        cfg=run_config,
+        model=model_folder,
         leads=EVAL["lead_hours"],
         batch=EVAL["inference_batch_size"],
     shell:
-        "{params.dchag} forecast --config {params.cfg:q} --run-name {wildcards.run:q} --checkpoint {input.final:q} "
-        "--data {input.test:q} --lead-hours {params.leads:q} "
-        "--batch-size {params.batch} --output {output:q} > {log:q} 2>&1"
+        "{params.dchag} predict --model {params.model:q} --store {input.test:q} --verifiable "
+        "--lead-hours {params.leads:q} --batch-size {params.batch} --output {output:q} > {log:q} 2>&1"
 
 
 rule baseline_forecast:
@@ -143,7 +144,7 @@ rule compare_scores:
 
 rule evaluate_mae:
     input:
-        final=RUN.final,
+        model=RUN.model_json,
         store=f"{RESULTS}/hsi/mae.zarr",
     output:
         scores=f"{EVAL_DIR}/hsi/recon_{{run}}.json",
@@ -156,15 +157,16 @@ rule evaluate_mae:
         "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        cfg=run_config,
+        model=model_folder,
+        batch=EVAL["inference_batch_size"],
     shell:
-        "{params.dchag} evaluate-mae --config {params.cfg:q} --run-name {wildcards.run:q} --checkpoint {input.final:q} "
-        "--data {input.store:q} --output {output.scores:q} --samples {output.samples:q} > {log:q} 2>&1"
+        "{params.dchag} evaluate-mae --model {params.model:q} --data {input.store:q} --batch-size {params.batch} "
+        "--output {output.scores:q} --samples {output.samples:q} > {log:q} 2>&1"
 
 
 rule evaluate_classification:
     input:
-        final=RUN.final,
+        model=RUN.model_json,
         store=f"{RESULTS}/hsi/classification.zarr",
     output:
         scores=f"{EVAL_DIR}/hsi/classification_{{run}}.json",
@@ -183,10 +185,11 @@ rule evaluate_classification:
         "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        cfg=run_config,
+        model=model_folder,
+        batch=EVAL["inference_batch_size"],
     shell:
-        "{params.dchag} evaluate-classification --config {params.cfg:q} --run-name {wildcards.run:q} "
-        "--checkpoint {input.final:q} --data {input.store:q} --output {output.scores:q} "
+        "{params.dchag} evaluate-classification --model {params.model:q} --data {input.store:q} "
+        "--batch-size {params.batch} --output {output.scores:q} "
         "--per-class {output.per_class:q} --map {output.map:q} > {log:q} 2>&1"
 
 
@@ -214,32 +217,9 @@ rule hsi_scores:
         "{params.dchag} hsi-scores {input:q} --output {output:q} > {log:q} 2>&1"
 
 
-# Using what was trained (named targets, not part of `all`): a run's exported model over the
-# test period (a hindcast in WeatherBench 2's layout), over the classification scene, or
-# reconstructing the first unlabelled image.
-rule predict_hindcast:
-    input:
-        model=RUN.model_json,
-        test=f"{RESULTS}/era5/test.zarr",
-    output:
-        directory(f"{RESULTS}/predict/{{run}}/hindcast.zarr"),
-    log:
-        f"{LOGS}/predict_hindcast_{{run}}.log",
-    wildcard_constraints:
-        run=one_of(P.forecast_runs),
-    conda:
-        "../../envs/train.yaml"
-    params:
-        store_format=STORE_FORMAT,
-        dchag=DCHAG,
-        model=model_folder,
-        leads=EVAL["lead_hours"],
-        batch=EVAL["inference_batch_size"],
-    shell:
-        "{params.dchag} predict --model {params.model:q} --store {input.test:q} --lead-hours {params.leads:q} "
-        "--batch-size {params.batch} --output {output:q} > {log:q} 2>&1"
-
-
+# Using what was trained (named targets, not part of `all`): a run's model folder over the
+# classification scene, or reconstructing the first unlabelled image. (Its hindcast over the
+# test period is the evaluation's forecast_<run>.zarr.)
 rule predict_scene:
     input:
         model=RUN.model_json,

@@ -3,9 +3,9 @@ hyperspectral reconstruction and classification scores, and the comparison table
 
 from __future__ import annotations
 
-from ..config import schema_enum
+from ..config import schema_default, schema_enum
 from ..evaluate.weather import METRICS, SCORING
-from .common import config, config_arg, nonneg_float, positive_float, positive_int
+from .common import nonneg_float, positive_float, positive_int
 
 
 def cmd_era5_truth(args) -> None:
@@ -18,15 +18,6 @@ def cmd_wb2_climatology(args) -> None:
     from ..evaluate.forecast import wb2_climatology
 
     wb2_climatology(args.climatology, args.output)
-
-
-def cmd_forecast(args) -> None:
-    from ..config import settings
-    from ..evaluate.forecast import model_forecast
-
-    cfg = config(args)
-    batch = args.batch_size or settings(cfg).evaluate.inference_batch_size
-    model_forecast(cfg, args.run, args.checkpoint, args.data, args.lead_hours, args.output, batch_size=batch)
 
 
 def cmd_baseline_forecast(args) -> None:
@@ -74,30 +65,24 @@ def cmd_score_recon(args) -> None:
     print(" ".join(f"{k}={out[k]:.6g}" for k in ("rmse", "psnr", "psnr_band_mean", "ssim", "sam", "ergas")))
 
 
-def _hsi_store(args, cfg: dict, task: str) -> str:
-    """--data, or where the pipeline puts the task's store (results/<name>/hsi/)."""
-    from ..runs import task_spec
-
-    return args.data or str(task_spec(task).default_stores(f"results/{cfg['name']}")["train"])
-
-
 def cmd_evaluate_mae(args) -> None:
     from ..evaluate.hsi import evaluate_mae
+    from ..model.file import load
 
-    cfg = config(args)
-    r = evaluate_mae(cfg, args.run, args.checkpoint, args.output, args.samples, _hsi_store(args, cfg, "mae"))
-    for region in ("masked", "full"):
+    r = evaluate_mae(load(args.model), args.data, args.output, args.samples, args.batch_size)
+    for region in ("masked", "full") if r else ():
         print(region, " ".join(f"{k}={r[region][k]:.4g}" for k in ("rmse", "psnr", "ssim", "sam", "ergas")))
 
 
 def cmd_evaluate_classification(args) -> None:
     from ..evaluate.hsi import evaluate_classification
+    from ..model.file import load
 
-    cfg = config(args)
     r = evaluate_classification(
-        cfg, args.run, args.checkpoint, args.output, args.per_class, args.map, _hsi_store(args, cfg, "classification")
+        load(args.model), args.data, args.output, args.per_class, args.map, args.batch_size * 32
     )
-    print(f"OA {r['overall_accuracy']:.4f}  AA {r['average_accuracy']:.4f}  kappa {r['kappa']:.4f}")
+    if r:
+        print(f"OA {r['overall_accuracy']:.4f}  AA {r['average_accuracy']:.4f}  kappa {r['kappa']:.4f}")
 
 
 def cmd_hsi_scores(args) -> None:
@@ -107,14 +92,15 @@ def cmd_hsi_scores(args) -> None:
     write_csv(hsi_table(args.files), args.output)
 
 
-def _trained_run_args(sp, store: bool = True) -> None:
-    config_arg(sp)
-    sp.add_argument("--run-name", dest="run", required=True, help="a run name from the config's train.runs")
-    sp.add_argument("--checkpoint", required=True, help="the run's final/ (or checkpoints/step_N) directory")
-    if store:
-        sp.add_argument(
-            "--data", help="the hyperspectral store to score on (its test group; default under results/<name>)"
-        )
+def _model_args(sp, task: str) -> None:
+    sp.add_argument("--model", required=True, help=f"the {task} run's model folder (dchag export)")
+    sp.add_argument("--data", required=True, help=f"the {task} store it was trained on (scored on its test group)")
+    sp.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=schema_default("evaluate.inference_batch_size"),
+        help="tiles a batch (default: evaluate.inference_batch_size; classification: 32 times it, in patches)",
+    )
 
 
 def register(add) -> None:
@@ -134,17 +120,6 @@ def register(add) -> None:
     )
     sp.add_argument("--climatology", required=True, help="a store of `dchag era5-climatology`")
     sp.add_argument("--output", required=True, help="Zarr: <variable>(dayofyear[, hour], [level], latitude, longitude)")
-
-    sp = add(
-        "forecast", cmd_forecast, "run a trained forecast model over a split: a WeatherBench-layout Zarr of forecasts"
-    )
-    _trained_run_args(sp, store=False)
-    sp.add_argument("--data", required=True, help="normalised split store to initialise from")
-    sp.add_argument("--lead-hours", type=positive_int, nargs="+", required=True)
-    sp.add_argument(
-        "--batch-size", type=positive_int, help="initial times a batch (default: evaluate.inference_batch_size)"
-    )
-    sp.add_argument("--output", required=True)
 
     sp = add("baseline-forecast", cmd_baseline_forecast, "persistence or climatology forecasts in the same layout")
     sp.add_argument("--kind", choices=["persistence", "climatology"], required=True)
@@ -190,17 +165,17 @@ def register(add) -> None:
     sp.add_argument("--data-range", type=positive_float, help="for PSNR and SSIM (default: the truth's max - min)")
     sp.add_argument("--output", required=True, help="JSON")
 
-    sp = add("evaluate-mae", cmd_evaluate_mae, "reconstruction scores of a masked-autoencoder run on the test tiles")
-    _trained_run_args(sp)
+    sp = add("evaluate-mae", cmd_evaluate_mae, "reconstruction scores of a masked-autoencoder model on the test tiles")
+    _model_args(sp, "mae")
     sp.add_argument("--output", required=True, help="JSON: masked-patch and full-tile scores")
     sp.add_argument("--samples", required=True, help=".npz of a few reconstructed tiles (for the figure)")
 
     sp = add(
         "evaluate-classification",
         cmd_evaluate_classification,
-        "classification scores of a run on the test patches, and its class map",
+        "classification scores of a model on the test patches, and its class map",
     )
-    _trained_run_args(sp)
+    _model_args(sp, "classification")
     sp.add_argument("--output", required=True, help="JSON: OA, AA, kappa, per class, confusion matrix")
     sp.add_argument("--per-class", required=True, help="CSV: per-class table")
     sp.add_argument("--map", required=True, help=".npz: truth, predicted and split maps (for the figure)")

@@ -14,17 +14,6 @@ def _training_store(cfg: dict, run: str, data: str | None) -> str:
     return data or str(resolve(cfg, run).stores()["train"])
 
 
-def _model(args):
-    from ..config import load_config
-    from ..predict.artifact import open_model
-
-    if not args.config:
-        return open_model(args.model)
-    cfg = load_config(args.config)
-    store = _training_store(cfg, args.run, args.data) if args.run else None
-    return open_model(args.model, cfg, args.run, args.checkpoint, store)
-
-
 def cmd_export(args) -> None:
     from ..config import load_config
     from ..predict.artifact import export
@@ -36,8 +25,9 @@ def cmd_export(args) -> None:
 
 def cmd_predict(args) -> None:
     from ..errors import DchagError
+    from ..model.file import load
 
-    model = _model(args)
+    model = load(args.model)
     if model.task == "forecast":
         from ..predict import weather
 
@@ -47,8 +37,12 @@ def cmd_predict(args) -> None:
             )
         if not args.lead_hours:
             raise DchagError("a forecast needs --lead-hours")
+        if args.verifiable and not args.store:
+            raise DchagError("--verifiable keeps the initialisation times verified by --store STORE: give it")
         inputs = (
-            weather.from_store(model, args.store, args.init_start, args.init_end)
+            weather.from_store(
+                model, args.store, args.init_start, args.init_end, args.lead_hours if args.verifiable else None
+            )
             if args.store
             else weather.from_files(model, args.input, args.init_start, args.init_end)
         )
@@ -68,10 +62,10 @@ def cmd_predict(args) -> None:
         print(" ".join(f"{k}={v}" for k, v in made.items() if k != "scores"))
 
 
-def _run_args(sp, required: bool) -> None:
-    config_arg(sp, required=required, help_="the run's config (YAML or JSON)")
-    sp.add_argument("--run-name", dest="run", required=required, help="a run of the config's train.runs")
-    sp.add_argument("--checkpoint", required=required, help="the run's final/ (or checkpoints/step_N) directory")
+def _run_args(sp) -> None:
+    config_arg(sp, required=True, help_="the run's config (YAML or JSON)")
+    sp.add_argument("--run-name", dest="run", required=True, help="a run of the config's train.runs")
+    sp.add_argument("--checkpoint", required=True, help="the run's final/ (or checkpoints/step_N) directory")
     sp.add_argument("--data", help="the run's training store (default: where the pipeline puts it, results/<name>/)")
 
 
@@ -81,17 +75,16 @@ def register(add) -> None:
         cmd_export,
         "write a trained run as one self-describing model folder (model.safetensors + model.json)",
     )
-    _run_args(sp, required=True)
+    _run_args(sp)
     sp.add_argument("--output", required=True, help="the model folder to write")
 
     sp = add(
         "predict",
         cmd_predict,
-        "apply a trained run or an exported model to new data: forecasts (WeatherBench 2 layout), "
+        "apply a model folder to new data: forecasts (WeatherBench 2 layout), "
         "a classification map or reconstructions of a hyperspectral image",
     )
-    sp.add_argument("--model", help="an exported model folder (dchag export); or give the run (--config ...)")
-    _run_args(sp, required=False)
+    sp.add_argument("--model", required=True, help="a model folder (dchag export)")
     sp.add_argument("--store", help="forecast: a dchag ERA5 store (a split or a year) to start from")
     sp.add_argument(
         "--input", nargs="+", help="forecast: your own initial conditions (netCDF, GRIB, Zarr in an ERA5 layout)"
@@ -101,6 +94,12 @@ def register(add) -> None:
     )
     sp.add_argument("--init-end", type=a_time, help="forecast: the last initialisation time (default: the last there)")
     sp.add_argument("--lead-hours", type=positive_int, nargs="+", help="forecast: lead times in hours")
+    sp.add_argument(
+        "--verifiable",
+        action="store_true",
+        help="forecast: only the initialisation times whose valid time at every lead is in --store too "
+        "(what scoring against it needs; the pipeline's evaluation forecasts)",
+    )
     sp.add_argument("--image", help="hyperspectral: the image (any kind the hsi readers take)")
     sp.add_argument("--image-key", help="hyperspectral: the image's variable in a .mat file")
     sp.add_argument(

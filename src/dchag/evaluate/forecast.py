@@ -5,8 +5,9 @@ Long variable names, pressure levels on ``level`` (hPa), dims (time, prediction_
 [level], latitude, longitude): ``time`` is the initialisation time, ``prediction_timedelta``
 a timedelta; physical units (denormalised with the training statistics kept in the split
 store); consolidated metadata, so ``xarray.open_zarr(path)`` opens them with its defaults.
-Written for the trained model and for the two reference forecasts, persistence and
-climatology, over the same initialisation times; the truth file holds every level of the
+The trained model's forecasts are written by ``dchag predict`` (:mod:`dchag.predict.weather`);
+here the two reference forecasts, persistence and climatology, over the same initialisation
+times (:func:`init_indices`); the truth file holds every level of the
 forecast variables over (time, [level], latitude, longitude).
 """
 
@@ -18,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import xarray as xr
-from tqdm.auto import tqdm
 
 from .. import provenance
 from ..store import InputError, open_store, select_channels, write_zarr
@@ -157,63 +157,6 @@ def baseline_forecast(
         ),
     }
     forecast = forecast_dataset(values, init, lead_hours, truth.latitude.values, truth.longitude.values, attrs)
-    write_zarr(forecast, output, kind="forecast")
-    return Path(output)
-
-
-def model_forecast(
-    config: dict, run: str, checkpoint: str, store: str, lead_hours: list[int], output: str, batch_size: int
-) -> Path:
-    """The trained model's forecasts from every initialisation time of ``store`` (a normalised
-    split store) at each lead, on one device (the checkpoint's parallel layout is undone)."""
-    # torch only here: the truth and the reference forecasts (a job each) run without it
-    import torch
-
-    from ..train.loading import load_trained
-
-    cfg, task, model = load_trained(config, run, checkpoint, "forecast")
-    trained = cfg.train.forecast.lead_hours
-    outside = [h for h in lead_hours if not trained[0] <= h <= trained[-1]]
-    if outside:
-        log.warning(
-            "run %s was trained on lead times %s-%s h; %s h lie outside (extrapolation)",
-            run,
-            trained[0],
-            trained[-1],
-            outside,
-        )
-    ds = _open_split(store)
-    names = [str(c) for c in ds.channel.values]
-    in_ids = select_channels(names, task.channels, store)
-    out_ids = select_channels(names, task.outputs, store)
-    times, step = _times_and_step(ds, store)
-    idx = init_indices(times, step, lead_hours, store)
-    mean = ds["mean"].values[out_ids].astype(np.float32)[None, :, None, None]
-    std = ds["std"].values[out_ids].astype(np.float32)[None, :, None, None]
-    data = ds["data"]
-    out = np.empty((len(idx), len(lead_hours), len(out_ids), ds.sizes["lat"], ds.sizes["lon"]), np.float32)
-    with torch.no_grad():
-        for start in tqdm(range(0, len(idx), batch_size), desc=f"forecast {run}", unit="batch", mininterval=2):
-            sel = idx[start : start + batch_size]
-            x = torch.from_numpy(np.asarray(data.isel(time=sel, channel=in_ids).values, np.float32))
-            for j, h in enumerate(lead_hours):
-                pred = model(x, torch.full((len(sel),), float(h))).numpy()
-                if not np.isfinite(pred).all():
-                    inputs = "finite" if np.isfinite(x.numpy()).all() else "not finite either"
-                    raise ForecastError(
-                        f"run {run}: the forecast from {times[idx[start]]} at {h} h has non-finite values "
-                        f"(checkpoint {checkpoint}; its inputs from {store} are {inputs})"
-                    )
-                out[start : start + len(sel), j] = pred * std + mean
-    values = {name: out[:, :, k] for k, name in enumerate(task.outputs)}
-    attrs = {
-        "forecast": "model",
-        "run": run,
-        "checkpoint": str(checkpoint),
-        "source": store,
-        **provenance.as_attrs(provenance.record(cfg.raw, checkpoint=str(checkpoint), lead_hours=lead_hours)),
-    }
-    forecast = forecast_dataset(values, times[idx], lead_hours, ds.lat.values, ds.lon.values, attrs)
     write_zarr(forecast, output, kind="forecast")
     return Path(output)
 

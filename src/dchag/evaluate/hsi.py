@@ -1,9 +1,11 @@
-"""Scoring trained hyperspectral models on their held-out (test) samples.
+"""Scoring trained hyperspectral models on their held-out (test) samples: the model folder's
+predictions (:mod:`dchag.predict.hsi`, the same code and masks as ``dchag predict``) on the
+test group of the task's store, then the scores.
 
-Masked autoencoding: every test tile is reconstructed from a fixed random 25 % (1 - mask
-ratio) of its patches; the scores are computed in the data's units (the preprocessing's
-normalisation undone) on the masked patches and on the full tile separately. A few tiles
-are kept for the figures.
+Masked autoencoding: every test tile is reconstructed from a seeded random (1 - mask ratio) of
+its patches; the scores are computed in the data's units (the preprocessing's normalisation
+undone) on the masked patches and on the full tile separately. A few tiles are kept for the
+figures.
 
 Classification: scores on the test patches, and a map of the predicted class of every
 labelled pixel (all splits) beside the ground truth, for the figure.
@@ -15,71 +17,69 @@ import csv
 from pathlib import Path
 
 import numpy as np
-import torch
-import zarr
-from tqdm.auto import tqdm
 
 from .. import provenance
-from ..model import ChannelViT, random_masking
+from ..model.file import Model
+from ..predict.hsi import class_probabilities, reconstruct_tiles
+from ..predict.layout import PredictError, lay_out
 from ..store import atomic_path
 from ..train.data import open_array, store_info
-from ..train.loading import load_trained
 from . import classification, recon
 
 
 def _band_stats(store: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     mean = np.asarray(open_array(store, f"{split}/mean")[:], np.float64)
     std = np.asarray(open_array(store, f"{split}/std")[:], np.float64)
-    return mean[:, None, None], std[:, None, None]
+    return mean, std
 
 
-def evaluate_mae(
-    config: dict,
-    run: str,
-    checkpoint: str,
-    output: str,
-    samples: str,
-    store: str | None = None,
-    batch_size: int = 16,
-    keep: int = 4,
-) -> dict:
-    cfg, task, model = load_trained(config, run, checkpoint, "mae", store)
-    store = task.stores["train"]
+def _check_store(model: Model, task: str, store: str | Path, samples: str) -> None:
+    """``store`` is the one ``model`` was trained on: its task, its bands, its normalisation."""
+    if model.task != task:
+        raise PredictError(f"{model.source} is a {model.task} model, not a {task} one")
+    array = open_array(store, f"test/{samples}")
+    n, t = model.config.in_channels, model.meta["sample_size"]
+    if tuple(array.shape[1:]) != (n, t, t):
+        raise PredictError(
+            f"{store}: test/{samples} are {tuple(array.shape[1:])}, the model {model.source} reads ({n}, {t}, {t})"
+        )
+    mean, std = _band_stats(store, "train")
+    norm = model.meta["normalisation"]
+    if not (np.allclose(mean, norm["mean"], rtol=1e-5, atol=1e-6) and np.allclose(std, norm["std"], rtol=1e-5)):
+        raise PredictError(f"{store} is normalised with other statistics than {model.source} was trained on")
+
+
+def _origin(model: Model, store: str | Path) -> dict:
+    return {
+        "run": (model.meta.get("provenance") or {}).get("run") or model.source,
+        "model": model.source,
+        "provenance": provenance.record({"model": model.meta.get("provenance"), "store": str(store)}),
+    }
+
+
+def evaluate_mae(model: Model, store: str | Path, output: str, samples: str, batch_size: int = 16, keep: int = 4):
+    """Reconstruction scores of ``model`` on the test tiles of ``store`` (JSON at ``output``)
+    and a few reconstructed tiles (``samples``, .npz). Rank 0 writes and returns the scores."""
+    _check_store(model, "mae", store, "tiles")
     tiles = open_array(store, "test/tiles")
     if tiles.shape[0] == 0:
         raise recon.ReconError(f"{store} has no test tiles to score")
-    mean, std = _band_stats(store, "test")
-    ratio = cfg.train.mae.mask_ratio
-    p = task.model_cfg.patch_size
-    gh, gw = task.model_cfg.grid
-    g = torch.Generator().manual_seed(cfg.train.seed + 2024)  # the same masks for every run
-    truth, pred, masks = [], [], []
-    with torch.no_grad():
-        for start in tqdm(range(0, tiles.shape[0], batch_size), desc=f"reconstruct {run}", unit="batch", mininterval=2):
-            x = torch.from_numpy(np.asarray(tiles[start : start + batch_size], np.float32))
-            ids_keep, mask = random_masking(x.shape[0], task.model_cfg.num_patches, ratio, g)
-            y = model(x, ids_keep=ids_keep).numpy()
-            if not np.isfinite(y).all():
-                raise recon.ReconError(
-                    f"run {run}: the reconstruction of test tiles {start}.. has non-finite values "
-                    f"(checkpoint {checkpoint})"
-                )
-            truth.append(x.numpy() * std + mean)
-            pred.append(y * std + mean)
-            masks.append(
-                mask.numpy().reshape(-1, gh, 1, gw, 1).repeat(p, 2).repeat(p, 4).reshape(-1, gh * p, gw * p) > 0
-            )
-    truth, pred, masks = np.concatenate(truth), np.concatenate(pred), np.concatenate(masks)
-    rng = float(truth.max() - truth.min())
+    done = reconstruct_tiles(
+        model, lay_out(model), tiles.shape[0], lambda a, b: np.asarray(tiles[a:b], np.float32), batch_size,
+        f"the test tiles of {store} from",
+    )  # fmt: skip
+    if done is None:
+        return None
+    mean, std = (s[:, None, None] for s in _band_stats(store, "test"))
+    pred = np.concatenate([done[k][0] for k in sorted(done)]) * std + mean
+    masks = np.concatenate([done[k][1] for k in sorted(done)])
+    truth = np.asarray(tiles[:], np.float32) * std + mean
     result = {
-        "run": run,
-        "checkpoint": str(checkpoint),
+        **_origin(model, store),
         "tiles": int(truth.shape[0]),
-        "mask_ratio": ratio,
+        "mask_ratio": model.meta["mask_ratio"],
         "units": "the input data's (normalisation undone)",
-        "masked": recon.scores(truth, pred, band_axis=1, data_range=rng, mask=masks),
-        "full": recon.scores(truth, pred, band_axis=1, data_range=rng),
-        "provenance": provenance.record(cfg.raw, checkpoint=str(checkpoint)),
+        **recon.masked_and_full(truth, pred, masks),
     }
     recon.write_json(result, output)
     wavelength = np.asarray(open_array(store, "test/wavelength")[:], np.float64)
@@ -95,49 +95,38 @@ def evaluate_mae(
     return result
 
 
-def _predict(model: ChannelViT, array: zarr.Array, batch_size: int, desc: str) -> np.ndarray:
-    out = []
-    with torch.no_grad():
-        for start in tqdm(range(0, array.shape[0], batch_size), desc=desc, unit="batch", mininterval=2):
-            x = torch.from_numpy(np.asarray(array[start : start + batch_size], np.float32))
-            logits = model(x)
-            if not torch.isfinite(logits).all():
-                raise recon.ReconError(f"{desc}: the class scores of patches {start}.. are not finite")
-            out.append(logits.argmax(-1).numpy())
-    return np.concatenate(out) if out else np.empty(0, np.int64)
+def _labels(model: Model, run, store: str | Path, split: str, batch_size: int) -> np.ndarray | None:
+    patches = open_array(store, f"{split}/patches")
+    part = class_probabilities(
+        model, run, patches.shape[0], lambda a, b: np.asarray(patches[a:b], np.float32), batch_size,
+        f"the {split} patches of {store} from",
+    )  # fmt: skip
+    if part is None:
+        return None
+    return np.concatenate([part[k].argmax(-1) for k in sorted(part)]) if part else np.empty(0, np.int64)
 
 
 def evaluate_classification(
-    config: dict,
-    run: str,
-    checkpoint: str,
-    output: str,
-    per_class: str,
-    class_map: str,
-    store: str | None = None,
-    batch_size: int = 256,
-) -> dict:
-    cfg, task, model = load_trained(config, run, checkpoint, "classification", store)
-    store = task.stores["train"]
-    names = store_info(store, "train").get("class_names") or task.class_names
+    model: Model, store: str | Path, output: str, per_class: str, class_map: str, batch_size: int = 256
+):
+    """Classification scores of ``model`` on the test patches of ``store`` (JSON at ``output``,
+    the per-class table at ``per_class``) and the class map of every labelled pixel
+    (``class_map``, .npz). Rank 0 writes and returns the scores."""
+    _check_store(model, "classification", store, "patches")
+    names = store_info(store, "train").get("class_names") or model.meta.get("class_names")
+    run = lay_out(model)
     preds, labels, rows, cols, splits = {}, {}, {}, {}, {}
     for i, split in enumerate(("train", "val", "test")):
-        preds[split] = _predict(
-            model, open_array(store, f"{split}/patches"), batch_size, f"classification {run} ({split})"
-        )
+        preds[split] = _labels(model, run, store, split, batch_size)
         labels[split] = np.asarray(open_array(store, f"{split}/label")[:], np.int64) - 1
         rows[split] = np.asarray(open_array(store, f"{split}/row")[:])
         cols[split] = np.asarray(open_array(store, f"{split}/col")[:])
         splits[split] = np.full(labels[split].shape, i, np.int8)
+    if not run.writer:
+        return None
     if labels["test"].size == 0:
         raise recon.ReconError(f"{store} has no test patches to score")
-    result = {
-        "run": run,
-        "checkpoint": str(checkpoint),
-        "split": "test",
-        **classification.scores(labels["test"], preds["test"], names),
-        "provenance": provenance.record(cfg.raw, checkpoint=str(checkpoint)),
-    }
+    result = {**_origin(model, store), "split": "test", **classification.scores(labels["test"], preds["test"], names)}
     recon.write_json(result, output)
     with atomic_path(per_class) as tmp:
         with open(tmp, "w", newline="") as f:

@@ -130,6 +130,17 @@ def scores(truth, pred, band_axis: int = -1, data_range: float | None = None, ma
     }
 
 
+def masked_and_full(truth: np.ndarray, pred: np.ndarray, masked: np.ndarray) -> dict:
+    """A masked autoencoder's scores: on the pixels of the masked patches (``masked``,
+    (tiles, rows, cols)) and on the whole tiles, of (tiles, bands, rows, cols) cubes in the
+    data's units, over one data range (the truth's max - min)."""
+    rng = float(np.nanmax(truth) - np.nanmin(truth))
+    return {
+        "masked": scores(truth, pred, band_axis=1, data_range=rng, mask=masked),
+        "full": scores(truth, pred, band_axis=1, data_range=rng),
+    }
+
+
 def score_files(truth: str, pred: str, band_axis: int = -1, data_range: float | None = None) -> dict:
     arrays = []
     for what, path in (("truth", truth), ("reconstruction", pred)):

@@ -11,7 +11,8 @@
     ``channels`` (name, long name, units, level) and ``outputs`` or ``bands`` (wavelength,
     fwhm, sensor band numbers), ``grid`` (latitude, longitude) or the tile / patch size,
     ``normalisation`` (mean, std per channel or band), ``lead_hours`` (trained range, time
-    step), ``class_names``, the dataset section the run read (``data``: its ``era5`` or
+    step), ``class_names``, ``layout`` (the run's ``parallel.tp`` and ``parallel.strategy``:
+    how predict lays it out under torchrun), the dataset section the run read (``data``: its ``era5`` or
     ``hsi`` config, for reading new inputs the same way), ``weights`` (file and SHA-256), and
     ``provenance`` (run, checkpoint, its fingerprint, dchag version and revision).
 
@@ -43,6 +44,7 @@ from .. import jsonio
 from ..config import model_settings
 from ..errors import DchagError
 from ..store import atomic_path
+from ..vocabulary import Strategy
 from .model import AGGREGATIONS, TASKS, ChannelViT, ModelConfig
 
 FORMAT, VERSION = "dchag-model", 1
@@ -95,6 +97,13 @@ class Model:
 
     def channel_names(self) -> list[str]:
         return [c["name"] for c in self.meta.get("channels", [])]
+
+    @property
+    def layout(self) -> tuple[int, str]:
+        """(parallel.tp, parallel.strategy) of the run it was trained in: how predict lays it
+        out under torchrun (a model file without ``layout``: one rank's model, shared out by data)."""
+        layout = self.meta.get("layout") or {"tp": 1, "strategy": "baseline"}
+        return int(layout["tp"]), str(layout["strategy"])
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.network.state_dict().items()}
@@ -226,6 +235,11 @@ def _check_description(c: _Checker, meta: dict, cfg: ModelConfig) -> None:
     clip = norm.get("clip")
     c.need(clip is None or (isinstance(clip, list) and len(clip) == 2 and all(_numbers(b, n) for b in clip)),
            "normalisation.clip", clip, f"[low, high], {n} numbers each")  # fmt: skip
+    layout = meta.get("layout")
+    if layout is not None:
+        c.need(isinstance(layout, dict) and _is_int(layout.get("tp"), 1, LIMITS["num_heads"])
+               and layout.get("strategy") in tuple(Strategy), "layout", layout,
+               f"{{tp: a whole number >= 1, strategy: one of {', '.join(Strategy)}}}")  # fmt: skip
     data = c.section(meta, "data")
     if cfg.task == "forecast":
         channels = c.get(meta, "channels")

@@ -75,4 +75,9 @@ class ParallelDims:
         return self.world_size // self.tp
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        return init_device_mesh(device_type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        return build_mesh(device_type, self.dp, self.tp)
+
+
+def build_mesh(device_type: str, dp: int, tp: int) -> DeviceMesh:
+    """The ("dp", "tp") mesh of ``dp * tp`` processes: tensor-parallel groups of consecutive ranks."""
+    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))

@@ -1,7 +1,7 @@
 """A trained run as a model file (``dchag export``): its checkpoint loaded by
 ``checkpoint.load_weights`` (any parallel layout) and described from its config and training
-store; the file and what it holds: :mod:`dchag.model.file`. ``predict`` and fine-tuning take a
-model file or a run (:func:`open_model`).
+store; the file and what it holds: :mod:`dchag.model.file`. ``predict`` and evaluation take the
+model file, fine-tuning a model file or a run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import provenance
 from ..model import ChannelViT
-from ..model.file import FORMAT, VERSION, ArtifactError, Model, load, save
+from ..model.file import FORMAT, VERSION, Model, save
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ def from_run(config: dict, run: str, checkpoint: str | Path, store: str | Path) 
         "fingerprint": json.loads(fp.read_text()) if fp.is_file() else None,
         **provenance.record({k: config[k] for k in ("name",) if k in config}),
     }
-    return describe(task, store, network, origin, source=f"run {run} ({checkpoint})")
+    model = describe(task, store, network, origin, source=f"run {run} ({checkpoint})")
+    model.meta["layout"] = {"tp": cfg.parallel.tp, "strategy": cfg.parallel.strategy}
+    return model
 
 
 def describe(task, store: str | Path, network: ChannelViT, origin: dict, source: str = "") -> Model:
@@ -140,21 +142,3 @@ def export(config: dict, run: str, checkpoint: str | Path, output: str | Path, s
     save(model, output)
     log.info("exported run %s (%s) to %s", run, checkpoint, output)
     return Path(output)
-
-
-def open_model(
-    model: str | Path | None = None,
-    config: dict | None = None,
-    run: str | None = None,
-    checkpoint: str | Path | None = None,
-    store: str | Path | None = None,
-) -> Model:
-    """An exported model folder (``model``), or a trained run (``config``, ``run``,
-    ``checkpoint``, and its training ``store``)."""
-    if model is not None:
-        return load(model)
-    if config is None or run is None or checkpoint is None or store is None:
-        raise ArtifactError(
-            "give an exported model (--model DIR), or a run: --config, --run-name, --checkpoint (and --data)"
-        )
-    return from_run(config, run, checkpoint, store)

@@ -164,6 +164,51 @@ def _outputs(output: str, kind: str, image: str, model: Model, beside: tuple[str
     return out
 
 
+# -- the predictions, shared with evaluation (dchag.evaluate.hsi) --------------------------------
+def class_probabilities(model: Model, run, n: int, read, batch_size: int, what: str) -> dict[int, np.ndarray] | None:
+    """The class probabilities (softmax) of ``n`` normalised patches, ``read(a, b)`` giving
+    patches a..b-1 as (k, bands, p, p) float32, in batches shared out over ``run``'s groups:
+    {first patch: (k, classes)} on rank 0, None on the others."""
+    starts = range(0, n, batch_size)
+    part = {}
+    with torch.no_grad():
+        for b in tqdm(run.mine(len(starts)), desc="classify", unit="batch", mininterval=1, disable=not run.writer):
+            a = starts[b]
+            logits = run(torch.from_numpy(read(a, min(a + batch_size, n))))
+            if not torch.isfinite(logits).all():
+                raise PredictError(f"{model.source}: the class scores of {what} {a}.. are not finite")
+            part[a] = torch.softmax(logits, -1).numpy()
+    return run.gather(part)
+
+
+def masked_pixels(mask: np.ndarray, grid: tuple[int, int], patch: int) -> np.ndarray:
+    """(tiles, rows, cols) bool: the pixels of the masked patches of a (tiles, patches) mask."""
+    gh, gw = grid
+    return mask.reshape(-1, gh, 1, gw, 1).repeat(patch, 2).repeat(patch, 4).reshape(-1, gh * patch, gw * patch) > 0
+
+
+def reconstruct_tiles(model: Model, run, n: int, read, batch_size: int, what: str) -> dict | None:
+    """Reconstructions of ``n`` normalised tiles (``read(a, b)``: tiles a..b-1 as (k, bands,
+    t, t) float32) from a random (1 - mask ratio) of their patches, in batches shared out over
+    ``run``'s groups: {first tile: (reconstructions, masked pixels)} on rank 0, None on the
+    others. Every batch's mask is drawn in order from the model's seed (``seed`` + 2024) on
+    every rank: the same masks in any layout, in evaluation and in predict."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(int(model.meta.get("seed", 0)) + 2024)
+    starts = range(0, n, batch_size)
+    masks = [random_masking(min(batch_size, n - a), cfg.num_patches, model.meta["mask_ratio"], g) for a in starts]
+    done = {}
+    with torch.no_grad():
+        for b in tqdm(run.mine(len(starts)), desc="reconstruct", unit="batch", mininterval=1, disable=not run.writer):
+            a = starts[b]
+            ids_keep, mask = masks[b]
+            y = run(torch.from_numpy(read(a, min(a + batch_size, n))), ids_keep=ids_keep.to(run.device)).numpy()
+            if not np.isfinite(y).all():
+                raise PredictError(f"{model.source}: the reconstruction of {what} {a}.. is not finite")
+            done[a] = (y, masked_pixels(mask.numpy(), cfg.grid, cfg.patch_size))
+    return run.gather(done)
+
+
 def classify_scene(
     model: Model, image: str, output: str, key: str | None = None, batch_size: int = 512
 ) -> dict[str, Path]:
@@ -179,22 +224,19 @@ def classify_scene(
     rows, cols = missing.shape
     p = model.meta["sample_size"]
     names = model.meta.get("class_names") or [str(i + 1) for i in range(model.config.num_classes)]
-    run = lay_out(model)
-    starts = range(0, rows * cols, batch_size)
-    part = {}
-    with torch.no_grad():
-        for b in tqdm(run.mine(len(starts)), desc="classify", unit="batch", mininterval=1, disable=not run.writer):
-            sel = np.arange(starts[b], min(starts[b] + batch_size, rows * cols))
-            logits = run(torch.from_numpy(extract_patches(x, sel, p)))
-            if not torch.isfinite(logits).all():
-                raise PredictError(f"{model.source}: the class scores of pixels {sel[0]}.. of {image} are not finite")
-            part[int(sel[0])] = torch.softmax(logits, -1).numpy().T
-    part = run.gather(part)
+    part = class_probabilities(
+        model,
+        lay_out(model),
+        rows * cols,
+        lambda a, b: extract_patches(x, np.arange(a, b), p),
+        batch_size,
+        f"the pixels of {image} from",
+    )
     if part is None:
         return {}
     probs = np.zeros((len(names), rows, cols), np.float32)
     for first, values in part.items():
-        probs.reshape(len(names), -1)[:, first : first + values.shape[1]] = values
+        probs.reshape(len(names), -1)[:, first : first + len(values)] = values.T
     labels = (probs.argmax(0) + 1).astype(np.int16)
     labels[missing] = 0
     probs[:, missing] = np.nan
@@ -243,52 +285,29 @@ def reconstruct_image(
     ]
     if not corners:
         raise PredictError(f"{image}: no complete {t}x{t} tile without missing pixels to reconstruct")
-    cfg = model.config
-    p, (gh, gw) = cfg.patch_size, cfg.grid
     mean = np.asarray(model.meta["normalisation"]["mean"], np.float32)[:, None, None]
     std = np.asarray(model.meta["normalisation"]["std"], np.float32)[:, None, None]
     bands = x.shape[2]
     truth = np.full((bands, *missing.shape), np.nan, np.float32)
     pred = np.full_like(truth, np.nan)
     masked = np.zeros(missing.shape, bool)
-    g = torch.Generator().manual_seed(int(model.meta.get("seed", 0)) + 2024)
-    run = lay_out(model)
-    starts = range(0, len(corners), batch_size)
-    # every batch's mask drawn in order on every rank: the same masks in any layout
-    masks = [
-        random_masking(len(corners[s : s + batch_size]), cfg.num_patches, model.meta["mask_ratio"], g) for s in starts
-    ]
-    done = {}
-    with torch.no_grad():
-        for b in tqdm(run.mine(len(starts)), desc="reconstruct", unit="batch", mininterval=1, disable=not run.writer):
-            part = corners[starts[b] : starts[b] + batch_size]
-            tiles = np.stack([x[r : r + t, c : c + t].transpose(2, 0, 1) for r, c in part])
-            ids_keep, mask = masks[b]
-            y = run(torch.from_numpy(tiles), ids_keep=ids_keep.to(run.device)).numpy()
-            if not np.isfinite(y).all():
-                raise PredictError(
-                    f"{model.source}: the reconstruction of tiles {starts[b]}.. of {image} is not finite"
-                )
-            done[b] = (y, mask.numpy())
-    done = run.gather(done)
+
+    def read(a, b):
+        return np.stack([x[r : r + t, c : c + t].transpose(2, 0, 1) for r, c in corners[a:b]])
+
+    done = reconstruct_tiles(model, lay_out(model), len(corners), read, batch_size, f"the tiles of {image} from")
     if done is None:
         return {}
-    for b, (y, mask) in done.items():
-        m = mask.reshape(-1, gh, 1, gw, 1).repeat(p, 2).repeat(p, 4).reshape(-1, t, t) > 0
-        for k, (r, c) in enumerate(corners[starts[b] : starts[b] + batch_size]):
-            tile = x[r : r + t, c : c + t].transpose(2, 0, 1)
-            truth[:, r : r + t, c : c + t] = tile * std + mean
+    for first, (y, m) in done.items():
+        for k, (r, c) in enumerate(corners[first : first + len(y)]):
+            truth[:, r : r + t, c : c + t] = x[r : r + t, c : c + t].transpose(2, 0, 1) * std + mean
             pred[:, r : r + t, c : c + t] = y[k] * std + mean
             masked[r : r + t, c : c + t] = m[k]
-    rng = float(np.nanmax(truth) - np.nanmin(truth))
     tiles_t = np.stack([truth[:, r : r + t, c : c + t] for r, c in corners])
     tiles_p = np.stack([pred[:, r : r + t, c : c + t] for r, c in corners])
     tiles_m = np.stack([masked[r : r + t, c : c + t] for r, c in corners])
     if t >= recon.WIN:
-        scores = {
-            "masked": recon.scores(tiles_t, tiles_p, band_axis=1, data_range=rng, mask=tiles_m),
-            "full": recon.scores(tiles_t, tiles_p, band_axis=1, data_range=rng),
-        }
+        scores = recon.masked_and_full(tiles_t, tiles_p, tiles_m)
     else:  # SSIM's window does not fit a tile
         scores = {"note": f"no scores: tiles of {t} px are smaller than SSIM's {recon.WIN} px window"}
     wl = [np.nan if v is None else v for v in model.meta["bands"]["wavelength"]]

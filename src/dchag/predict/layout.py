@@ -1,11 +1,12 @@
-"""Where a prediction runs: one device, or a torchrun group in the run's layout.
+"""Where a prediction runs: one device, or a torchrun group in the layout the model file
+records (``layout``: its run's ``parallel.tp`` and ``parallel.strategy``).
 
-Under torchrun the model is laid out as the run trained it (its ``parallel.tp`` and
-``parallel.strategy``, recorded in the model file's fingerprint): D-CHAG keeps each rank's
-channel group, tensor parallelism splits the layers, over groups of ``tp`` ranks; the
-``world / tp`` groups share the work (initialisation times, pixel or tile batches) and rank
-0 gathers the results and writes them. Outputs do not depend on the layout (D-CHAG equals the
-one-device hierarchical model).
+Under torchrun the process group, the ("dp", "tp") mesh and the parallelization are those of
+training (:func:`dchag.parallel.dims.init_distributed`, :func:`parallelize_model`): D-CHAG
+keeps each rank's channel group, tensor parallelism splits the layers, over groups of ``tp``
+ranks; the ``world / tp`` groups share the work (initialisation times, pixel or tile batches)
+and rank 0 gathers the results and writes them. Outputs do not depend on the layout (D-CHAG
+equals the one-device hierarchical model).
 """
 
 from __future__ import annotations
@@ -62,31 +63,30 @@ class Layout:
 
 
 def lay_out(model: Model) -> Layout:
-    """The model on this process's device, in the run's layout under torchrun."""
+    """The model on this process's device, in its recorded layout under torchrun."""
     world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
-    net = model.network.to(device)
     if world == 1:
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        net = model.network.to(device)
         return Layout(net, 0, 1, 0, 1, torch.arange(model.config.in_channels), device)
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from ..parallel.parallelize import apply_dchag, apply_tp
+    from ..config import parallel_settings
+    from ..parallel.dims import ParallelDims, build_mesh, init_distributed
+    from ..parallel.parallelize import parallelize_model
 
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    run = (model.meta.get("provenance") or {}).get("fingerprint") or {}
-    tp, strategy = int(run.get("parallel.tp", 1)), run.get("parallel.strategy", "baseline")
+    tp, strategy = model.layout
     if world % tp:
         raise PredictError(
             f"{model.source} was trained with parallel.tp {tp}: start a multiple of {tp} processes, not {world}"
         )
-    mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    if tp > 1:
-        (apply_dchag if strategy == "dchag" else apply_tp)(net, mesh["tp"])
+    _, device = init_distributed()
+    net = model.network.to(device)
+    mesh = build_mesh(device.type, world // tp, tp)
+    # One tensor-parallel group's layout; the world / tp groups share the work without a
+    # gradient to synchronise, so no data parallelism is applied.
+    settings = parallel_settings(tp=tp, strategy=strategy, data_parallel="none", activation_checkpointing=False)
+    net = parallelize_model(net, ParallelDims(tp, "none", tp), mesh, settings)
     return Layout(
         net, dist.get_rank(), world, mesh["dp"].get_local_rank(), world // tp, net.tokenizer.channel_ids, device
     )

@@ -62,9 +62,13 @@ def _between(times: pd.DatetimeIndex, start: str | None, end: str | None) -> np.
     return keep
 
 
-def from_store(model: Model, store: str, start: str | None = None, end: str | None = None) -> InitialConditions:
+def from_store(
+    model: Model, store: str, start: str | None = None, end: str | None = None, verified_at: list[int] | None = None
+) -> InitialConditions:
     """Initial conditions from a dchag store: a normalised split store (its own statistics
-    undone) or a per-year store in physical units, between ``start`` and ``end`` (inclusive)."""
+    undone) or a per-year store in physical units, between ``start`` and ``end`` (inclusive).
+    ``verified_at`` (lead hours): only the times whose valid time at every one of these leads
+    is in the store too, so that each lead is scored against it over the same initialisations."""
     ds = open_store(store)
     names = [str(c) for c in ds.channel.values]
     wanted = model.channel_names()
@@ -74,6 +78,12 @@ def from_store(model: Model, store: str, start: str | None = None, end: str | No
     _check_grid(model, ds.lat.values, ds.lon.values, f"store {store}")
     times = pd.DatetimeIndex(ds.time.values)
     keep = _between(times, start, end)
+    if verified_at:
+        from ..evaluate.forecast import init_indices
+
+        verified = np.zeros(len(times), bool)
+        verified[init_indices(times, model.meta["lead_hours"]["time_step_hours"], verified_at, store)] = True
+        keep &= verified
     idx_all = np.flatnonzero(keep)
     if idx_all.size == 0:
         raise PredictError(f"store {store} has no time step between {start} and {end} ({times[0]} to {times[-1]})")
