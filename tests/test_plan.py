@@ -22,8 +22,17 @@ def _demo(**edits) -> dict:
     return validate(cfg, "demo", check_files=False)
 
 
+def _demo_with_foundation() -> dict:
+    """The demo with config/foundation.yaml's runs and evaluate.foundation added."""
+    cfg = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    foundation = yaml.safe_load((REPO / "config" / "foundation.yaml").read_text())
+    cfg["train"]["runs"].update(foundation["train"]["runs"])
+    cfg["evaluate"]["foundation"] = foundation["evaluate"]["foundation"]
+    return validate(cfg, "demo", check_files=False)
+
+
 def test_demo_runs_and_comparisons():
-    s = settings(_demo())
+    s = settings(_demo_with_foundation())
     assert plan.forecast_runs(s) == ["forecast-baseline", "forecast-dchag", "forecast-subset", "forecast-full-ft"]
     assert plan.runs_of(s, "mae") == ["mae-baseline", "mae-dchag"]
     assert plan.runs_of(s, "classification") == [
@@ -40,8 +49,7 @@ def test_demo_runs_and_comparisons():
         "fine_tuned": "classification-dchag-ft",
         "linear_probe": "classification-dchag-probe",
     }
-    p = plan.Plan(_demo())
-    assert p.exported_runs() == ["forecast-subset", "mae-baseline", "mae-dchag"]
+    p = plan.Plan(_demo_with_foundation())
     assert (
         p.init_model("classification-dchag-ft") == "results/demo/train/mae-dchag/model"
         and p.init_model("mae-dchag") is None

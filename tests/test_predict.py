@@ -433,7 +433,7 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
     two = xr.open_zarr(tmp_path / "r2.zarr")
     assert (two.masked.values == out.masked.values).all()
     np.testing.assert_allclose(two.reconstruction.values, out.reconstruction.values, rtol=1e-4, atol=1e-4)
-    with pytest.raises(Exception, match="not a classifier"):
+    with pytest.raises(Exception, match="not a classification model"):
         from dchag.predict.hsi import classify_scene
 
         classify_scene(model, str(new), str(tmp_path / "x.zarr"))

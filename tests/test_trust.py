@@ -104,7 +104,7 @@ def test_a_crafted_checkpoint_given_to_a_command_is_one_line_and_runs_nothing(da
         sys.executable,
         "-m",
         "dchag",
-        "forecast",
+        "export",
         "--config",
         json.dumps(cfg),
         "--run-name",
@@ -112,15 +112,13 @@ def test_a_crafted_checkpoint_given_to_a_command_is_one_line_and_runs_nothing(da
         "--checkpoint",
         str(evil),
         "--data",
-        str(root / "era5" / "val.zarr"),
-        "--lead-hours",
-        "24",
+        str(root / "era5" / "train.zarr"),
         "--output",
-        str(tmp_path / "f.zarr"),
+        str(tmp_path / "model"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 2 and "refusing" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert not marker.exists() and not (tmp_path / "f.zarr").exists()
+    assert not marker.exists() and not (tmp_path / "model").exists()
 
 
 def test_a_safe_pickle_of_dcp_metadata_still_loads(tmp_path):

@@ -357,11 +357,6 @@ class Plan:
         kind, name = source
         return self.run_paths(name).model if kind == "run" else name
 
-    def exported_runs(self) -> list[str]:
-        """Runs another run starts from (their exported models are made by the pipeline)."""
-        sources = (init_source(r, self.all_runs) for r in self.all_runs)
-        return sorted({name for src in sources if src is not None for kind, name in [src] if kind == "run"})
-
     def run_config_file(self, run: str) -> str:
         """The run's config file: its dataset section, model, parallel and train with only this run."""
         return str(write_config(run_config(self.settings, run), f"run-{run}", self.config_dir))

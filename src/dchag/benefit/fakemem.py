@@ -144,35 +144,9 @@ def _fake_ddp(model: nn.Module) -> None:
     model.reducer = _NoRebuild(model.reducer)
 
 
-def _synthetic_task(settings, model_cfg):
-    """The run's task with its loss, without its stores (the inputs are synthetic)."""
-    from ..train.tasks import TASKS, Task
-
-    cls = TASKS[settings.task]
-    task = cls.__new__(cls)
-    Task.__init__(task, settings, {})
-    task.model_cfg = model_cfg
-    if settings.task == "forecast":
-        task._weights = torch.ones(model_cfg.img_size[0], 1)  # cos(latitude) weights: their values do not matter
-    return task
-
-
-def _batch(task: str, model_cfg, channels: int, batch: int, lead: float) -> list[torch.Tensor]:
-    """A synthetic batch of ``task`` for a rank that reads ``channels`` channels."""
-    h, w = model_cfg.img_size
-    x = torch.randn(batch, channels, h, w)
-    if task == "forecast":
-        return [x, torch.full((batch,), float(lead)), torch.randn(batch, len(model_cfg.out_channels), h, w)]
-    if task == "classification":
-        return [x, torch.zeros(batch, dtype=torch.long)]
-    return [x]
-
-
 def model_of(run, channels: int | None = None, image: tuple[int, int] | None = None, data_root=None):
     """The run's ModelConfig for ``channels`` channels of ``image`` (default: the run's data:
     the ERA5 section's channels and grid, or the hyperspectral store's bands and size)."""
-    from ..era5.source import forecast_model_config
-    from ..model.build import model_config
 
     r = run.settings
     groups = (r.model.groups or r.parallel.tp) if r.model.aggregation != "baseline" else 1
@@ -181,12 +155,11 @@ def model_of(run, channels: int | None = None, image: tuple[int, int] | None = N
             f"run {run.name!r}: {channels} channels for {groups} channel groups (model.groups, or one per "
             "tensor-parallel rank under D-CHAG): a group, and under D-CHAG a rank, would hold no channel"
         )
-    if r.task == "forecast":
-        return forecast_model_config(r, channels, image)
-    if channels is not None and image is not None:
-        classes = len(run.spec.data(r).get("class_names") or []) if run.spec.classifies else 0
-        return model_config(r.model, r.parallel.tp, r.task, channels, image, num_classes=max(classes, 2))
-    from ..train.tasks import build_task
+    from ..train.tasks import TASKS, build_task
+
+    shape = TASKS[r.task].shape(r, channels, image)
+    if shape is not None:
+        return shape
 
     stores = run.stores(data_root)
     if not Path(stores["train"]).exists():
@@ -239,9 +212,11 @@ def measure_step(r, model_cfg, dims, mesh, batch: int, precision: str, steps: in
     core = unwrap(model)
     groups = param_groups(model, r, model_cfg, dims.tp)
     opt = torch.optim.AdamW(groups, lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas), foreach=True)
-    task = _synthetic_task(r, model_cfg)
+    from ..train.tasks import TASKS
+
+    task = TASKS[r.task].synthetic(r, model_cfg)
     channel_group = mesh["tp"].get_group() if core.group_gather is not None and dims.tp > 1 else None
-    data = _batch(r.task, model_cfg, core.tokenizer.channel_ids.numel(), batch, t.forecast.lead_hours[0])
+    data = task.synthetic_batch(core.tokenizer.channel_ids.numel(), batch)
     params = list(model.parameters())
     grads = 0
     with step_peak(device, model, opt) as mem:

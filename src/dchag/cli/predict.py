@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..config import schema_default
+from ..vocabulary import Task
 from .common import a_time, config_arg, positive_int
 
 
@@ -23,43 +24,53 @@ def cmd_export(args) -> None:
     print(f"exported {args.run} to {args.output}")
 
 
-def cmd_predict(args) -> None:
+def _forecast(model, args) -> None:
     from ..errors import DchagError
+    from ..predict import weather
+
+    if bool(args.store) == bool(args.input):
+        raise DchagError("a forecast starts from --store STORE (a date range of it) or --input FILE ..., one of them")
+    if not args.lead_hours:
+        raise DchagError("a forecast needs --lead-hours")
+    if args.verifiable and not args.store:
+        raise DchagError("--verifiable keeps the initialisation times verified by --store STORE: give it")
+    if args.store:
+        verified_at = args.lead_hours if args.verifiable else None
+        inputs = weather.from_store(model, args.store, args.init_start, args.init_end, verified_at)
+    else:
+        inputs = weather.from_files(model, args.input, args.init_start, args.init_end)
+    out = weather.forecast(model, inputs, args.lead_hours, args.output, args.batch_size)
+    if out is not None:
+        print(f"{len(inputs.times)} forecast(s) at {args.lead_hours} h -> {out}")
+
+
+def _on_image(apply, batch: int):
+    """A hyperspectral model's use: ``apply`` (dchag.predict.hsi) on --image, ``batch`` times
+    --batch-size samples a batch."""
+
+    def run(model, args) -> None:
+        from ..errors import DchagError
+
+        if not args.image:
+            raise DchagError(f"a {model.task} model is applied to an image: give --image FILE")
+        made = apply(model, args.image, args.output, args.image_key, args.batch_size * batch)
+        if made:  # rank 0 under torchrun
+            print(" ".join(f"{k}={v}" for k, v in made.items() if k != "scores"))
+
+    return run
+
+
+def cmd_predict(args) -> None:
     from ..model.file import load
-
-    model = load(args.model)
-    if model.task == "forecast":
-        from ..predict import weather
-
-        if bool(args.store) == bool(args.input):
-            raise DchagError(
-                "a forecast starts from --store STORE (a date range of it) or --input FILE ..., one of them"
-            )
-        if not args.lead_hours:
-            raise DchagError("a forecast needs --lead-hours")
-        if args.verifiable and not args.store:
-            raise DchagError("--verifiable keeps the initialisation times verified by --store STORE: give it")
-        inputs = (
-            weather.from_store(
-                model, args.store, args.init_start, args.init_end, args.lead_hours if args.verifiable else None
-            )
-            if args.store
-            else weather.from_files(model, args.input, args.init_start, args.init_end)
-        )
-        out = weather.forecast(model, inputs, args.lead_hours, args.output, args.batch_size)
-        if out is not None:
-            print(f"{len(inputs.times)} forecast(s) at {args.lead_hours} h -> {out}")
-        return
     from ..predict import hsi
 
-    if not args.image:
-        raise DchagError(f"a {model.task} model is applied to an image: give --image FILE")
-    if model.task == "classification":
-        made = hsi.classify_scene(model, args.image, args.output, args.image_key, args.batch_size * 32)
-    else:
-        made = hsi.reconstruct_image(model, args.image, args.output, args.image_key, args.batch_size)
-    if made:  # rank 0 under torchrun
-        print(" ".join(f"{k}={v}" for k, v in made.items() if k != "scores"))
+    model = load(args.model)
+    use = {
+        Task.FORECAST: _forecast,
+        Task.CLASSIFICATION: _on_image(hsi.classify_scene, 32),
+        Task.MAE: _on_image(hsi.reconstruct_image, 1),
+    }
+    use[Task(model.task)](model, args)
 
 
 def _run_args(sp) -> None:

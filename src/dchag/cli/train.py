@@ -77,12 +77,14 @@ def cmd_describe_model(args) -> None:
     from ..config import ConfigError, settings
     from ..era5.source import forecast_model_config
     from ..model.describe import describe, format_table
+    from ..runs import task_spec
 
     cfg = settings(config(args))
     mcfg = forecast_model_config(cfg, in_channels=args.channels)  # the config's ERA5 grid and channels
-    if args.task != "forecast":
-        if args.task == "classification" and not args.num_classes:
-            raise ConfigError("describe-model --task classification needs --num-classes")
+    spec = task_spec(args.task)
+    if spec.classifies and not args.num_classes:
+        raise ConfigError(f"describe-model --task {args.task} needs --num-classes")
+    if spec.task != mcfg.task:  # a hyperspectral model of the same shape
         mcfg = replace(mcfg, task=args.task, out_channels=[], num_classes=args.num_classes)
     groups = args.groups or cfg.parallel.tp
     rows = describe(mcfg, groups)

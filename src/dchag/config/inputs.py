@@ -55,26 +55,30 @@ def check_config(config: dict, source: str = "config") -> None:
                 )
 
 
+# The hyperspectral sections (hsi.<task>) and the keys of the files each reads: a labelled
+# scene (or tile set) and its labels, or unlabelled images.
+HSI_FILES = {"classification": ("image", "labels"), "mae": ("images",)}
+
+
 def _check_hsi(hsi: dict, source: str) -> None:
     import glob
 
-    for task in ("classification", "mae"):
-        if task in hsi and not np.isclose(sum(hsi[task].get("fractions", [1, 0, 0])), 1.0):
-            raise ConfigError(f"{source}: key 'hsi.{task}.fractions' must sum to 1, got {hsi[task]['fractions']}")
-    if "classification" not in hsi and "mae" not in hsi:
-        raise ConfigError(f"{source}: key 'hsi' needs a 'classification' or an 'mae' section")
-    if hsi.get("demo"):
-        if "classification" in hsi:
-            _check_generated(
-                [hsi["classification"]["image"], hsi["classification"]["labels"]], "hsi.classification", source
-            )
+    present = [sub for sub in HSI_FILES if sub in hsi]
+    if not present:
+        raise ConfigError(f"{source}: key 'hsi' needs a section of its own per task: {' or '.join(HSI_FILES)}")
+    wanted = {}
+    for sub in present:
+        if not np.isclose(sum(hsi[sub].get("fractions", [1, 0, 0])), 1.0):
+            raise ConfigError(f"{source}: key 'hsi.{sub}.fractions' must sum to 1, got {hsi[sub]['fractions']}")
+        for key in HSI_FILES[sub]:
+            value = hsi[sub][key]
+            wanted[f"hsi.{sub}"] = wanted.get(f"hsi.{sub}", []) + (value if isinstance(value, list) else [value])
+    if hsi.get("demo"):  # the demo writes a scene's files where they are named (its images: a rule's folder)
+        for key, paths in wanted.items():
+            if "images" not in hsi[key.removeprefix("hsi.")]:
+                _check_generated(paths, key, source)
         return
-    wanted = []
-    if "classification" in hsi:
-        wanted += [hsi["classification"]["image"], hsi["classification"]["labels"]]
-    if "mae" in hsi:
-        wanted += hsi["mae"]["images"]
-    missing = [p for p in dict.fromkeys(wanted) if not glob.glob(p)]
+    missing = [p for p in dict.fromkeys(p for paths in wanted.values() for p in paths) if not glob.glob(p)]
     if missing:
         raise ConfigError(f"{source}: key 'hsi': input file(s) not found:\n" + _listed(missing))
 

@@ -24,6 +24,7 @@ from ..predict.hsi import class_probabilities, reconstruct_tiles
 from ..predict.layout import PredictError, lay_out
 from ..store import atomic_path
 from ..train.data import open_array, store_info
+from ..vocabulary import Task
 from . import classification, recon
 
 
@@ -33,10 +34,9 @@ def _band_stats(store: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return mean, std
 
 
-def _check_store(model: Model, task: str, store: str | Path, samples: str) -> None:
+def _check_store(model: Model, task: Task, store: str | Path, samples: str) -> None:
     """``store`` is the one ``model`` was trained on: its task, its bands, its normalisation."""
-    if model.task != task:
-        raise PredictError(f"{model.source} is a {model.task} model, not a {task} one")
+    model.require(task)
     array = open_array(store, f"test/{samples}")
     n, t = model.config.in_channels, model.meta["sample_size"]
     if tuple(array.shape[1:]) != (n, t, t):
@@ -60,7 +60,7 @@ def _origin(model: Model, store: str | Path) -> dict:
 def evaluate_mae(model: Model, store: str | Path, output: str, samples: str, batch_size: int = 16, keep: int = 4):
     """Reconstruction scores of ``model`` on the test tiles of ``store`` (JSON at ``output``)
     and a few reconstructed tiles (``samples``, .npz). Rank 0 writes and returns the scores."""
-    _check_store(model, "mae", store, "tiles")
+    _check_store(model, Task.MAE, store, "tiles")
     tiles = open_array(store, "test/tiles")
     if tiles.shape[0] == 0:
         raise recon.ReconError(f"{store} has no test tiles to score")
@@ -112,7 +112,7 @@ def evaluate_classification(
     """Classification scores of ``model`` on the test patches of ``store`` (JSON at ``output``,
     the per-class table at ``per_class``) and the class map of every labelled pixel
     (``class_map``, .npz). Rank 0 writes and returns the scores."""
-    _check_store(model, "classification", store, "patches")
+    _check_store(model, Task.CLASSIFICATION, store, "patches")
     names = store_info(store, "train").get("class_names") or model.meta.get("class_names")
     run = lay_out(model)
     preds, labels, rows, cols, splits = {}, {}, {}, {}, {}

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import provenance
 from ..store import atomic_path
+from ..vocabulary import Task
 from . import labels as labelling
 from .bands import BandSelection, select_bands
 from .image import HsiInputError, HyperspectralImage
@@ -394,7 +395,8 @@ def preprocess_from_config(config: dict, task: str, output: str | Path) -> Path:
     hsi = config.get("hsi") or {}
     if task not in hsi:
         raise HsiInputError(f"the config has no 'hsi.{task}' section")
-    opts = band_options(hsi, task)
-    if task == "classification":
-        return preprocess_classification(ClassificationSettings.of(hsi[task]), opts, output, config)
-    return preprocess_tiles(TileSettings.of(hsi[task]), opts, output, config)
+    settings, preprocess = {
+        Task.CLASSIFICATION: (ClassificationSettings, preprocess_classification),  # labelled pixels' patches
+        Task.MAE: (TileSettings, preprocess_tiles),  # unlabelled images' tiles
+    }[Task(task)]
+    return preprocess(settings.of(hsi[task]), band_options(hsi, task), output, config)

@@ -101,8 +101,8 @@ def rule_inputs(hsi: dict, task: str) -> list[str]:
     """The files a preprocessing job of ``task`` reads (for the rule's inputs): the scene and
     its labels, every tile and label tile, or the images (each once)."""
     sec = hsi[task]
-    if task == "classification":
-        if hsi.get("demo"):
-            return [sec["image"], sec["labels"]]
-        return [p for pair in tile_pairs(sec["image"], sec["labels"]) for p in pair]
-    return expand_images(sec["images"])
+    if "labels" not in sec:  # unlabelled images (masked autoencoding)
+        return expand_images(sec["images"])
+    if hsi.get("demo"):
+        return [sec["image"], sec["labels"]]
+    return [p for pair in tile_pairs(sec["image"], sec["labels"]) for p in pair]

@@ -44,7 +44,7 @@ from .. import jsonio
 from ..config import model_settings
 from ..errors import DchagError
 from ..store import atomic_path
-from ..vocabulary import Strategy
+from ..vocabulary import Strategy, Task
 from .model import AGGREGATIONS, TASKS, ChannelViT, ModelConfig
 
 FORMAT, VERSION = "dchag-model", 1
@@ -97,6 +97,11 @@ class Model:
 
     def channel_names(self) -> list[str]:
         return [c["name"] for c in self.meta.get("channels", [])]
+
+    def require(self, task: Task) -> None:
+        """Refuse a model of another task than the use it is put to."""
+        if self.task != task:
+            raise ArtifactError(f"{self.source} is a {self.task} model, not a {task} model")
 
     @property
     def layout(self) -> tuple[int, str]:
@@ -240,33 +245,40 @@ def _check_description(c: _Checker, meta: dict, cfg: ModelConfig) -> None:
         c.need(isinstance(layout, dict) and _is_int(layout.get("tp"), 1, LIMITS["num_heads"])
                and layout.get("strategy") in tuple(Strategy), "layout", layout,
                f"{{tp: a whole number >= 1, strategy: one of {', '.join(Strategy)}}}")  # fmt: skip
-    data = c.section(meta, "data")
-    if cfg.task == "forecast":
-        channels = c.get(meta, "channels")
-        c.need(
-            isinstance(channels, list)
-            and len(channels) == n
-            and all(isinstance(ch, dict) and isinstance(ch.get("name"), str) for ch in channels),
-            "channels",
-            channels,
-            f"{n} channels, each with a name",
-        )
-        names = [ch["name"] for ch in channels]
-        c.need(len(set(names)) == n, "channels", names, "distinct names")
-        outputs = c.get(meta, "outputs")
-        predicted = [names[i] for i in cfg.out_channels]  # the head's channels, in its order
-        c.need(outputs == predicted, "outputs", outputs, f"{predicted} (model.out_channels, in order)")
-        grid = c.section(meta, "grid")
-        for k, size in (("latitude", cfg.img_size[0]), ("longitude", cfg.img_size[1])):
-            c.need(_numbers(c.get(grid, k, "grid."), size), f"grid.{k}", grid[k], f"{size} numbers")
-        lead = c.section(meta, "lead_hours")
-        step = c.get(lead, "time_step_hours", "lead_hours.")
-        c.need(_is_int(step, 1, 24 * 366), "lead_hours.time_step_hours", step, "a whole number of hours")
-        trained = c.get(lead, "trained", "lead_hours.")
-        c.need(isinstance(trained, list) and len(trained) == 2 and all(_is_int(h, 0) for h in trained)
-               and trained[0] <= trained[1], "lead_hours.trained", trained, "[lowest, highest] hours")  # fmt: skip
-        c.need(isinstance(c.get(data, "era5", "data."), dict), "data.era5", data["era5"], "a mapping")
-        return
+    _CHECKS[cfg.task](c, meta, cfg, c.section(meta, "data"))
+
+
+def _check_forecast(c: _Checker, meta: dict, cfg: ModelConfig, data: dict) -> None:
+    n = cfg.in_channels
+    channels = c.get(meta, "channels")
+    c.need(
+        isinstance(channels, list)
+        and len(channels) == n
+        and all(isinstance(ch, dict) and isinstance(ch.get("name"), str) for ch in channels),
+        "channels",
+        channels,
+        f"{n} channels, each with a name",
+    )
+    names = [ch["name"] for ch in channels]
+    c.need(len(set(names)) == n, "channels", names, "distinct names")
+    outputs = c.get(meta, "outputs")
+    predicted = [names[i] for i in cfg.out_channels]  # the head's channels, in its order
+    c.need(outputs == predicted, "outputs", outputs, f"{predicted} (model.out_channels, in order)")
+    grid = c.section(meta, "grid")
+    for k, size in (("latitude", cfg.img_size[0]), ("longitude", cfg.img_size[1])):
+        c.need(_numbers(c.get(grid, k, "grid."), size), f"grid.{k}", grid[k], f"{size} numbers")
+    lead = c.section(meta, "lead_hours")
+    step = c.get(lead, "time_step_hours", "lead_hours.")
+    c.need(_is_int(step, 1, 24 * 366), "lead_hours.time_step_hours", step, "a whole number of hours")
+    trained = c.get(lead, "trained", "lead_hours.")
+    c.need(isinstance(trained, list) and len(trained) == 2 and all(_is_int(h, 0) for h in trained)
+           and trained[0] <= trained[1], "lead_hours.trained", trained, "[lowest, highest] hours")  # fmt: skip
+    c.need(isinstance(c.get(data, "era5", "data."), dict), "data.era5", data["era5"], "a mapping")
+
+
+def _check_bands(c: _Checker, meta: dict, cfg: ModelConfig, data: dict) -> None:
+    """A hyperspectral model's bands, sample size, data section and seed."""
+    n = cfg.in_channels
     bands = c.section(meta, "bands")
     for k in ("wavelength", "fwhm"):
         c.need(_numbers(c.get(bands, k, "bands."), n, none=True), f"bands.{k}", bands[k], f"{n} numbers or nulls")
@@ -275,14 +287,23 @@ def _check_description(c: _Checker, meta: dict, cfg: ModelConfig) -> None:
     c.need(isinstance(c.get(data, "hsi", "data."), dict), "data.hsi", data["hsi"], "a mapping")
     if "seed" in meta:
         c.need(_is_int(meta["seed"], 0), "seed", meta["seed"], "a non-negative integer")
-    if cfg.task == "mae":
-        ratio = c.get(meta, "mask_ratio")
-        c.need(_is_number(ratio) and 0 <= ratio < 1, "mask_ratio", ratio, "a number in [0, 1)")
-    else:
-        classes = meta.get("class_names")
-        c.need(classes is None or (isinstance(classes, list) and len(classes) == cfg.num_classes
-               and all(isinstance(x, str) for x in classes)), "class_names", classes,
-               f"{cfg.num_classes} names")  # fmt: skip
+
+
+def _check_mae(c: _Checker, meta: dict, cfg: ModelConfig, data: dict) -> None:
+    _check_bands(c, meta, cfg, data)
+    ratio = c.get(meta, "mask_ratio")
+    c.need(_is_number(ratio) and 0 <= ratio < 1, "mask_ratio", ratio, "a number in [0, 1)")
+
+
+def _check_classification(c: _Checker, meta: dict, cfg: ModelConfig, data: dict) -> None:
+    _check_bands(c, meta, cfg, data)
+    classes = meta.get("class_names")
+    c.need(classes is None or (isinstance(classes, list) and len(classes) == cfg.num_classes
+           and all(isinstance(x, str) for x in classes)), "class_names", classes,
+           f"{cfg.num_classes} names")  # fmt: skip
+
+
+_CHECKS = {Task.FORECAST: _check_forecast, Task.MAE: _check_mae, Task.CLASSIFICATION: _check_classification}
 
 
 def _read_meta(directory: Path) -> tuple[dict, ModelConfig]:
@@ -381,8 +402,7 @@ def check(directory: str | Path) -> tuple[dict, ModelConfig]:
             f"{directory / META} describes a network of {total:,} parameters ({total * 4 / 2**30:,.1f} GiB); "
             f"a model file holds at most {MAX_PARAMETERS:,}"
         )
-    if cfg.task == "forecast":
-        names = {ch["name"] for ch in meta["channels"]}
+    names = {ch["name"] for ch in meta.get("channels") or []}  # a forecast's: its constants
     header = _read_header(weights)
     params = {k: e for k, e in header.items() if not k.startswith(CONSTANT)}
     missing = sorted(set(wanted) - set(params))
@@ -394,7 +414,7 @@ def check(directory: str | Path) -> tuple[dict, ModelConfig]:
     )
     for k, e in header.items():
         if k.startswith(CONSTANT):
-            ok = cfg.task == "forecast" and k.removeprefix(CONSTANT) in names
+            ok = k.removeprefix(CONSTANT) in names
             if not ok or (tuple(e["shape"]), e["dtype"]) != (cfg.img_size, "F32"):
                 extra.append(k)
     if missing or extra or shapes:

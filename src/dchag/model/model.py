@@ -63,10 +63,7 @@ class ModelConfig:
             raise ModelError(f"model.task {self.task!r}: expected one of {', '.join(TASKS)}")
         if self.aggregation != "baseline" and not 1 <= self.groups <= self.in_channels:
             raise ModelError(f"model.groups {self.groups} must be between 1 and the {self.in_channels} input channels")
-        if self.task == "forecast" and not self.out_channels:
-            self.out_channels = list(range(self.in_channels))
-        if self.task == "classification" and self.num_classes < 2:
-            raise ModelError("a classification model needs num_classes >= 2")
+        HEADS[self.task].check(self)
         if self.wavelengths is not None and len(self.wavelengths) != self.in_channels:
             raise ModelError(f"{len(self.wavelengths)} wavelengths for {self.in_channels} channels")
 
@@ -119,23 +116,7 @@ class ChannelViT(nn.Module):
         self.pos_embed = nn.Parameter(sincos_2d(*cfg.grid, d)[None])
         self.blocks = nn.ModuleList([Block(d, cfg.num_heads, cfg.mlp_ratio) for _ in range(cfg.depth)])
         self.norm = nn.LayerNorm(d)
-        p2 = cfg.patch_size**2
-        if cfg.task == "forecast":
-            self.lead_time_embed = nn.Linear(1, d)
-            self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, len(cfg.out_channels) * p2))
-        elif cfg.task == "mae":
-            dd = cfg.decoder_dim
-            self.decoder_embed = nn.Linear(d, dd)
-            self.mask_token = nn.Parameter(torch.zeros(1, 1, dd))
-            nn.init.normal_(self.mask_token, std=0.02)
-            self.decoder_pos_embed = nn.Parameter(sincos_2d(*cfg.grid, dd)[None], requires_grad=False)
-            self.decoder_blocks = nn.ModuleList(
-                [Block(dd, cfg.decoder_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth)]
-            )
-            self.decoder_norm = nn.LayerNorm(dd)
-            self.head = nn.Linear(dd, cfg.in_channels * p2)
-        else:
-            self.head = nn.Linear(d, cfg.num_classes)
+        HEADS[cfg.task].build(self, cfg)
 
     # -- front end: tokenization and channel aggregation --------------------------------------
     def aggregate(self, x: torch.Tensor, active_groups: list[int] | None = None) -> torch.Tensor:
@@ -187,29 +168,87 @@ class ChannelViT(nn.Module):
         active_groups: list[int] | None = None,
     ):
         tokens = self.aggregate(x, active_groups) + self.pos_embed
-        if self.cfg.task == "forecast":
-            if lead_time_hours is None:
-                raise ModelError("a forecasting model needs lead_time_hours")
-            lead = self.lead_time_embed(lead_time_hours.to(tokens.dtype)[:, None] / 100.0)  # ClimaX scaling
-            return self.unpatchify(self.head(self.encode(tokens + lead[:, None, :])), len(self.cfg.out_channels))
-        if self.cfg.task == "classification":
-            return self.head(self.encode(tokens).mean(dim=1))
-        return self._mae(tokens, ids_keep)
+        return HEADS[self.cfg.task].forward(self, tokens, lead_time_hours, ids_keep)
 
-    def _mae(self, tokens: torch.Tensor, ids_keep: torch.Tensor | None) -> torch.Tensor:
-        """Encode the kept patches, decode every patch: (B, C, H, W) reconstruction."""
+
+# -- the task heads: what each task adds to the encoder (parameters on the model itself, so
+# their names are the model's: head.*, lead_time_embed.*, decoder_*) -------------------------
+class ForecastHead:
+    """Lead-time embedding added to the tokens; an MLP to each output channel's patch pixels."""
+
+    @staticmethod
+    def check(cfg: ModelConfig) -> None:
+        if not cfg.out_channels:
+            cfg.out_channels = list(range(cfg.in_channels))
+
+    @staticmethod
+    def build(model: ChannelViT, cfg: ModelConfig) -> None:
+        d = cfg.embed_dim
+        model.lead_time_embed = nn.Linear(1, d)
+        model.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, len(cfg.out_channels) * cfg.patch_size**2))
+
+    @staticmethod
+    def forward(model: ChannelViT, tokens, lead_time_hours, ids_keep):
+        if lead_time_hours is None:
+            raise ModelError("a forecasting model needs lead_time_hours")
+        lead = model.lead_time_embed(lead_time_hours.to(tokens.dtype)[:, None] / 100.0)  # ClimaX scaling
+        return model.unpatchify(model.head(model.encode(tokens + lead[:, None, :])), len(model.cfg.out_channels))
+
+
+class MaeHead:
+    """Encode the kept patches, decode every patch (MAE's decoder): (B, C, H, W) reconstruction."""
+
+    @staticmethod
+    def check(cfg: ModelConfig) -> None:
+        pass
+
+    @staticmethod
+    def build(model: ChannelViT, cfg: ModelConfig) -> None:
+        dd = cfg.decoder_dim
+        model.decoder_embed = nn.Linear(cfg.embed_dim, dd)
+        model.mask_token = nn.Parameter(torch.zeros(1, 1, dd))
+        nn.init.normal_(model.mask_token, std=0.02)
+        model.decoder_pos_embed = nn.Parameter(sincos_2d(*cfg.grid, dd)[None], requires_grad=False)
+        model.decoder_blocks = nn.ModuleList(
+            [Block(dd, cfg.decoder_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth)]
+        )
+        model.decoder_norm = nn.LayerNorm(dd)
+        model.head = nn.Linear(dd, cfg.in_channels * cfg.patch_size**2)
+
+    @staticmethod
+    def forward(model: ChannelViT, tokens, lead_time_hours, ids_keep):
         b, l, d = tokens.shape
         if ids_keep is None:
             ids_keep = torch.arange(l, device=tokens.device).expand(b, -1)
         kept = torch.gather(tokens, 1, ids_keep[..., None].expand(-1, -1, d))
-        latent = self.decoder_embed(self.encode(kept))
-        full = self.mask_token.expand(b, l, -1).clone()
+        latent = model.decoder_embed(model.encode(kept))
+        full = model.mask_token.expand(b, l, -1).clone()
         # under bf16 autocast the latent is bf16, the mask token float32: scatter takes one dtype
         full = full.scatter(1, ids_keep[..., None].expand(-1, -1, latent.shape[-1]), latent.to(full.dtype))
-        full = full + self.decoder_pos_embed
-        for block in self.decoder_blocks:
+        full = full + model.decoder_pos_embed
+        for block in model.decoder_blocks:
             full = block(full)
-        return self.unpatchify(self.head(self.decoder_norm(full)), self.cfg.in_channels)
+        return model.unpatchify(model.head(model.decoder_norm(full)), model.cfg.in_channels)
+
+
+class ClassificationHead:
+    """The mean of the encoded tokens to class scores."""
+
+    @staticmethod
+    def check(cfg: ModelConfig) -> None:
+        if cfg.num_classes < 2:
+            raise ModelError("a classification model needs num_classes >= 2")
+
+    @staticmethod
+    def build(model: ChannelViT, cfg: ModelConfig) -> None:
+        model.head = nn.Linear(cfg.embed_dim, cfg.num_classes)
+
+    @staticmethod
+    def forward(model: ChannelViT, tokens, lead_time_hours, ids_keep):
+        return model.head(model.encode(tokens).mean(dim=1))
+
+
+HEADS = {Task.FORECAST: ForecastHead, Task.MAE: MaeHead, Task.CLASSIFICATION: ClassificationHead}
 
 
 def random_masking(

@@ -33,6 +33,7 @@ from ..hsi.bands import match_bands
 from ..model import random_masking
 from ..model.file import Model
 from ..store import atomic_path, check_output, write_zarr
+from ..vocabulary import Task
 from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)
@@ -214,8 +215,7 @@ def classify_scene(
 ) -> dict[str, Path]:
     """The class of every pixel of ``image``: ``output`` (Zarr), beside it ``.png`` and, for a
     georeferenced image, ``.tif``."""
-    if model.task != "classification":
-        raise PredictError(f"{model.source} is a {model.task} model, not a classifier")
+    model.require(Task.CLASSIFICATION)
     out = _outputs(output, "classification", image, model, (".png", ".tif"))
     from ..hsi.samples import extract_patches
 
@@ -272,8 +272,7 @@ def reconstruct_image(
     model: Model, image: str, output: str, key: str | None = None, batch_size: int = 16
 ) -> dict[str, Path]:
     """Masked-autoencoder reconstructions of every complete tile of ``image``."""
-    if model.task != "mae":
-        raise PredictError(f"{model.source} is a {model.task} model, not a masked autoencoder")
+    model.require(Task.MAE)
     out = _outputs(output, "reconstruction", image, model, (".png",))
     from ..evaluate import recon
     from ..hsi.samples import complete_tiles, tile_grid

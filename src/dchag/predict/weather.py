@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from .. import provenance
 from ..model.file import Model
 from ..store import absent_chunks, atomic_path, compressors, open_any, open_store, reading
+from ..vocabulary import Task
 from .layout import PredictError, lay_out
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,7 @@ def from_files(model: Model, paths: list[str], start: str | None = None, end: st
     from ..era5.preprocess import make_weights, preprocess_year
     from ..era5.source import channels_from_config
 
-    if model.task != "forecast":
-        raise PredictError(f"{model.source} is a {model.task} model, not a forecasting one")
+    model.require(Task.FORECAST)
     era5 = copy.deepcopy(model.meta["data"]["era5"])
     constants = [c.name for c in channels_from_config(era5) if c.variable.kind == "constant"]
     absent = [c for c in constants if c not in model.constants]
@@ -202,8 +202,7 @@ def forecast(
     ``output`` (WB2 layout); under torchrun rank 0 writes and returns the path."""
     from ..evaluate.forecast import forecast_dataset
 
-    if model.task != "forecast":
-        raise PredictError(f"{model.source} is a {model.task} model, not a forecasting one")
+    model.require(Task.FORECAST)
     step = model.meta["lead_hours"]["time_step_hours"]
     lo, hi = model.meta["lead_hours"]["trained"]
     twice = sorted({h for h in lead_hours if lead_hours.count(h) > 1})

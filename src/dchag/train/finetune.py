@@ -28,6 +28,7 @@ from torch import nn
 from ..checks import FREEZABLE
 from ..errors import DchagError
 from ..parallel.names import canonical
+from ..runs import task_spec
 
 HEADS = (
     "head.",
@@ -108,7 +109,7 @@ def initialise(model: nn.Module, target: dict, source, same_task: bool) -> dict:
     rows = channel_map(target, src_channels)
     matched = [(i, j) for i, j in enumerate(rows) if j is not None]
     # an MAE head reconstructs each channel: it fits only the same channels in the same order
-    same_outputs = source.task != "mae" or rows == list(range(source.config.in_channels))
+    same_outputs = not task_spec(source.task).masked or rows == list(range(source.config.in_channels))
     report = {"loaded": [], "resized": [], "new": []}
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -66,6 +66,44 @@ class Task:
         on the same data, however the config that made the store was written."""
         raise NotImplementedError
 
+    @classmethod
+    def synthetic(cls, cfg: RunSettings, model_cfg: ModelConfig) -> Task:
+        """The task with its loss and no stores, for synthetic inputs of ``model_cfg``'s shape."""
+        task = cls.__new__(cls)
+        Task.__init__(task, cfg, {})
+        task.model_cfg = model_cfg
+        return task
+
+    @classmethod
+    def shape(cls, cfg: RunSettings, channels: int | None, image: tuple[int, int] | None) -> ModelConfig | None:
+        """The model of ``channels`` channels of ``image`` without reading a store (None: the
+        task's model shape is read from its store)."""
+        if channels is None or image is None:
+            return None
+        return model_config(cfg.model, cfg.parallel.tp, cls.name, channels, image, num_classes=2)
+
+    def synthetic_batch(self, channels: int, batch: int) -> list[torch.Tensor]:
+        """A random batch for a rank that reads ``channels`` of the inputs."""
+        return [torch.randn(batch, channels, *self.model_cfg.img_size)]
+
+    def channel_target(self) -> dict:
+        """What this run's input channels are, for matching a source model's (fine-tuning)."""
+        raise NotImplementedError
+
+    def fits_head_of(self, source) -> bool:
+        """Whether the head of ``source`` (a :class:`dchag.model.file.Model`) predicts what
+        this run's does: the same task (and the same outputs or classes)."""
+        return source.task == self.name
+
+    def export_meta(self, store: Path) -> dict:
+        """What the model file of a run of this task records about its data (model.json),
+        read from its training ``store``."""
+        raise NotImplementedError
+
+    def export_constants(self, store: Path, meta: dict) -> dict[str, np.ndarray]:
+        """Fields the model file holds beside the weights (none but a forecast's constants)."""
+        return {}
+
     @property
     def cache_bytes(self) -> int:
         """train.cache_mb in bytes: the datasets' in-memory limit per rank."""
@@ -120,6 +158,76 @@ class ForecastTask(Task):
                 "mean": _rounded(ds["mean"].values),
                 "std": _rounded(ds["std"].values),
             }
+
+    @classmethod
+    def shape(cls, cfg, channels, image):
+        return forecast_model_config(cfg, channels, image)  # the config's ERA5 channels and grid by default
+
+    @classmethod
+    def synthetic(cls, cfg, model_cfg):
+        task = super().synthetic(cfg, model_cfg)
+        task._weights = torch.ones(model_cfg.img_size[0], 1)  # cos(latitude) weights: their values do not matter
+        return task
+
+    def synthetic_batch(self, channels, batch):
+        h, w = self.model_cfg.img_size
+        lead = torch.full((batch,), float(self.cfg.train.forecast.lead_hours[0]))
+        return [torch.randn(batch, channels, h, w), lead, torch.randn(batch, len(self.model_cfg.out_channels), h, w)]
+
+    def channel_target(self) -> dict:
+        return {"names": self.channels}
+
+    def fits_head_of(self, source) -> bool:
+        return super().fits_head_of(source) and source.meta.get("outputs") == list(self.outputs)
+
+    def export_meta(self, store):
+        from ..store import open_store
+
+        ds = open_store(store)
+        names = [str(c) for c in ds.channel.values]
+        long_names = ds.attrs.get("channel_long_names") or names
+        unit = ds.attrs.get("channel_units") or [None] * len(names)
+        levels = ds["level"].values
+        idx = [names.index(c) for c in self.channels]
+        channels = [
+            {
+                "name": names[i],
+                "long_name": long_names[i],
+                "units": unit[i],
+                "level": None if np.isnan(levels[i]) else int(levels[i]),
+            }
+            for i in idx
+        ]
+        era5 = self.cfg.era5
+        return {
+            "channels": channels,
+            "outputs": list(self.outputs),
+            "grid": {
+                "latitude": ds.lat.values.tolist(),
+                "longitude": ds.lon.values.tolist(),
+                "resolution": era5["grid"],
+            },
+            "normalisation": {"mean": ds["mean"].values[idx].tolist(), "std": ds["std"].values[idx].tolist()},
+            "lead_hours": {
+                "trained": list(self.cfg.train.forecast.lead_hours),
+                "time_step_hours": era5["time_step_hours"],
+            },
+            "data": {"era5": era5},
+        }
+
+    def export_constants(self, store, meta):
+        """The time-invariant channels' fields (physical units) from the first step of ``store``."""
+        from ..era5.source import channels_from_config
+        from ..store import open_store
+
+        kinds = {c.name: c.variable.kind for c in channels_from_config(self.cfg.era5)}
+        ds = open_store(store)
+        out = {}
+        for ch in meta["channels"]:
+            if kinds.get(ch["name"]) == "constant":
+                sel = ds.sel(channel=ch["name"])
+                out[ch["name"]] = (sel["data"].isel(time=0) * sel["std"] + sel["mean"]).values.astype(np.float32)
+        return out
 
     def dataset(self, split, rank_channels, seed):
         lead = tuple(self.cfg.train.forecast.lead_hours)
@@ -176,6 +284,36 @@ class _HsiTask(Task):
         )
         return out
 
+    def channel_target(self) -> dict:
+        return {"wavelengths": self.wavelengths()}
+
+    def export_meta(self, store):
+        info = store_info(store, "train")
+
+        def arr(name):
+            return np.asarray(open_array(store, f"train/{name}")[:], np.float64)
+
+        wavelength, fwhm = arr("wavelength"), arr("fwhm")
+        normalisation = {"mean": arr("mean").tolist(), "std": arr("std").tolist()}
+        if (Path(store) / "train" / "clip_low").exists():  # hsi.clip_percentiles: the training bounds
+            normalisation["clip"] = [arr("clip_low").tolist(), arr("clip_high").tolist()]
+        return {
+            "bands": {
+                "wavelength": [None if not np.isfinite(v) else float(v) for v in wavelength],
+                "fwhm": [None if not np.isfinite(v) else float(v) for v in fwhm],
+                "band": arr("band").astype(int).tolist(),
+                "sensor_band": arr("sensor_band").astype(int).tolist(),
+                "num_input_bands": info.get("num_input_bands"),
+            },
+            "normalisation": normalisation,
+            "class_names": list(self.class_names),
+            "label_values": info.get("label_values"),
+            "sample_size": int(self.model_cfg.img_size[0]),
+            "mask_ratio": self.cfg.train.mae.mask_ratio,
+            "seed": self.cfg.train.seed,
+            "data": {"hsi": self.cfg.hsi},
+        }
+
     def dataset(self, split, rank_channels, seed):
         return SampleDataset(
             self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels, cache_bytes=self.cache_bytes
@@ -209,6 +347,19 @@ class ClassificationTask(_HsiTask):
 
     def _classes(self) -> int:
         return len(self.class_names)
+
+    @classmethod
+    def shape(cls, cfg, channels, image):
+        if channels is None or image is None:
+            return None
+        classes = len((cfg.hsi or {}).get("classification", {}).get("class_names") or [])
+        return model_config(cfg.model, cfg.parallel.tp, cls.name, channels, image, num_classes=max(classes, 2))
+
+    def synthetic_batch(self, channels, batch):
+        return [*super().synthetic_batch(channels, batch), torch.zeros(batch, dtype=torch.long)]
+
+    def fits_head_of(self, source) -> bool:
+        return super().fits_head_of(source) and source.meta.get("class_names") == list(self.class_names)
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
         x, label = batch

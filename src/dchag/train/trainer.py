@@ -176,14 +176,7 @@ class Trainer:
         from ..model.file import load
 
         src = load(source)
-        target = (
-            {"names": self.task.channels} if self.task.name == "forecast" else {"wavelengths": self.task.wavelengths()}
-        )
-        same = src.task == self.task.name and (
-            (src.task != "forecast" or src.meta.get("outputs") == list(self.task.outputs))
-            and (src.task != "classification" or src.meta.get("class_names") == list(self.task.class_names))
-        )
-        report = finetune.initialise(model, target, src, same)
+        report = finetune.initialise(model, self.task.channel_target(), src, self.task.fits_head_of(src))
         report["source"] = str(source)
         report["frozen"] = finetune.frozen_parts(self.cfg.train)
         if int(os.environ.get("RANK", 0)) == 0:
