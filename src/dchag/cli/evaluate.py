@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..config import schema_default, schema_enum
 from ..evaluate.weather import METRICS, SCORING
+from ..plan import BASELINE_FORECASTS
 from .common import nonneg_float, positive_float, positive_int
 
 
@@ -122,7 +123,7 @@ def register(add) -> None:
     sp.add_argument("--output", required=True, help="Zarr: <variable>(dayofyear[, hour], [level], latitude, longitude)")
 
     sp = add("baseline-forecast", cmd_baseline_forecast, "persistence or climatology forecasts in the same layout")
-    sp.add_argument("--kind", choices=["persistence", "climatology"], required=True)
+    sp.add_argument("--kind", choices=BASELINE_FORECASTS, required=True)
     sp.add_argument("--data", required=True, help="normalised split store")
     sp.add_argument("--variables", nargs="+", required=True)
     sp.add_argument("--lead-hours", type=positive_int, nargs="+", required=True)

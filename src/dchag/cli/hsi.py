@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import schema_default, schema_enum
+from ..config.inputs import HSI_FILES
 from .common import config, nonneg_int, percentile, positive_int
 
 
@@ -133,7 +134,7 @@ def register(add) -> None:
     sp.add_argument(
         "--config", help="take the files and every option from this config's hsi section instead (with --task)"
     )
-    sp.add_argument("--task", choices=["classification", "mae"], help="with --config: which store to make")
+    sp.add_argument("--task", choices=list(HSI_FILES), help="with --config: which store to make")
     sp.add_argument("--labels", help="ground-truth map: makes classification patches centred on labelled pixels")
     sp.add_argument("--key", help="variable of the image in a .mat file")
     sp.add_argument("--labels-key", help="variable of the labels in a .mat file")
