@@ -109,7 +109,7 @@ def test_no_config_given_runs_the_demo(tmp_path):
     proc = snakemake(cwd, "-n", "--quiet", "rules", "--cores", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rules = planned(proc.stdout + proc.stderr)
-    assert rules["era5_demo_year"] == 4 and rules["hsi_demo"] == 1 and rules["train"] == 12, rules
+    assert rules["era5_demo_year"] == 4 and rules["hsi_demo"] == 1 and rules["train"] == 6, rules
 
 
 def test_a_key_deleted_from_a_dataset_config_is_gone(tmp_path):

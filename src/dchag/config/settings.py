@@ -194,7 +194,11 @@ def _complete(config: dict) -> dict:
 
 def settings(config: dict) -> Settings:
     """The typed view of a validated config."""
-    c = _complete(config)
+    return _typed(_complete(config), config)
+
+
+def _typed(c: dict, raw: dict) -> Settings:
+    """The typed view of ``c``, validated with its defaults filled in (``raw``: as given)."""
     return Settings(
         name=c["name"],
         era5=c.get("era5"),
@@ -205,7 +209,7 @@ def settings(config: dict) -> Settings:
         evaluate=_build(EvaluateSettings, c["evaluate"], "evaluate"),
         verify=_build(VerifySettings, c["verify"], "verify") if "verify" in c else None,
         paper=c.get("paper"),
-        raw=config,
+        raw=raw,
     )
 
 
@@ -245,8 +249,8 @@ def run_dict(config: dict, run: str) -> dict:
 
 def run_settings(config: dict, run: str) -> RunSettings:
     """The typed config of one training run (see :func:`run_dict`)."""
-    merged = run_dict(config, run)
-    base = settings(merged)
+    merged = run_dict(config, run)  # validated once
+    base = _typed(merged, merged)
     return RunSettings(
         **{f.name: getattr(base, f.name) for f in dataclasses.fields(Settings)},
         run=run,
