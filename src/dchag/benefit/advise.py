@@ -23,8 +23,9 @@ from pathlib import Path
 from .. import jsonio
 from ..store import atomic_path
 from ..vocabulary import VARIANTS, Strategy
-from .costmodel import STRATEGIES, Prediction, Workload, article_ratio, predict
+from .costmodel import STRATEGIES, Prediction, article_ratio, predict
 from .hardware import Compute, Hardware
+from .workload import Workload
 
 ADOPT_THRESHOLD = 0.05
 LOSSY = {
