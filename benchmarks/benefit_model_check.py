@@ -24,8 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dchag.benefit.costmodel import Workload, predict  # noqa: E402
+from dchag.benefit.costmodel import predict  # noqa: E402
 from dchag.benefit.hardware import Compute, Hardware  # noqa: E402
+from dchag.benefit.workload import Workload  # noqa: E402
 from dchag.vocabulary import MODEL_VARIANTS, VARIANTS  # noqa: E402
 
 MIB = 2**20

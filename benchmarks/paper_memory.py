@@ -29,9 +29,9 @@ def main() -> None:
         "",
         f"Command: `python benchmarks/paper_memory.py --output {out}`  ",
         "Paper: its artifact's logs, src/dchag/paper/published.py (batch 2, 128x256 image, patch 4, depth 32, bf16, "
-        "peak reserved). Model: src/dchag/benefit/costmodel.py with the paper implementation's constants "
-        "(costmodel.PAPER, set from the paper's front-end-only measurements and one -C row, marked *; "
-        "parameters at 20 bytes each, the paper's FSDP mixed precision).  ",
+        "peak reserved). Model: src/dchag/benefit/costmodel.py and workload.py with the paper "
+        "implementation's constants (workload.PAPER, set from the paper's front-end-only measurements and "
+        "one -C row, marked *; parameters at 20 bytes each, the paper's FSDP mixed precision).  ",
         f"Largest |error| over the {sum(not r['calibration'] for r in table)} predicted entries of the "
         f"full-model table: {worst:.1%}; over every published memory number the paper figures show "
         f"(the front-end ablations and TreeK too, which the model does not resolve): {worst_all:.1%}.",

@@ -267,8 +267,9 @@ def predicted_steps() -> list[dict]:
     bf16) on one 8-GPU node, D-CHAG-L: TP 8 (every rank reads the global batch of 512) and
     TP 4 x 2 replicas (256 each). Peak rates and no launch overheads: the shortest step, so
     the highest read rate a rank needs."""
-    from dchag.benefit.costmodel import Workload, predict
+    from dchag.benefit.costmodel import predict
     from dchag.benefit.hardware import Compute, Hardware
+    from dchag.benefit.workload import Workload
 
     rows = []
     for grid, tokens in ((5.625, (32 // 4) * (64 // 4)), (1.40625, (128 // 4) * (256 // 4))):

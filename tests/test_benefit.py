@@ -15,7 +15,8 @@ from conftest import REPO
 from dchag.benefit import hardware as hwm
 from dchag.benefit.advise import advise, article
 from dchag.benefit.calibrate import fit
-from dchag.benefit.costmodel import STRATEGIES, Workload
+from dchag.benefit.costmodel import STRATEGIES
+from dchag.benefit.workload import Workload
 from dchag.cli import main
 
 
@@ -197,9 +198,9 @@ def test_compute_model_counts_match_the_model_it_describes(aggregation, tree, fu
     groups), for the token path and the fused front end."""
     import torch
 
-    from dchag.benefit.costmodel import compute_seconds
     from dchag.benefit.hardware import Compute
     from dchag.benefit.trace import count
+    from dchag.benefit.workload import compute_seconds
     from dchag.model import ChannelViT
     from dchag.model.build import model_config_of
 

@@ -248,7 +248,7 @@ def test_export_on_a_full_disk_or_at_the_size_limit_is_an_output_error(tmp_path)
     """safetensors reports a failed write as its own SafetensorError, not an OSError."""
     target = tmp_path / "model"
     last = _save_limited(target, 64 * 1024)
-    assert last.startswith("dchag.store.OutputError: cannot write") and str(target) in last, last
+    assert last.startswith("dchag.store.outputs.OutputError: cannot write") and str(target) in last, last
     assert "File too large" in last and not list(tmp_path.iterdir())
 
 

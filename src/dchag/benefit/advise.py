@@ -23,8 +23,9 @@ from pathlib import Path
 from .. import jsonio
 from ..store import atomic_path
 from ..vocabulary import VARIANTS, Strategy
-from .costmodel import STRATEGIES, Prediction, Workload, article_ratio, predict
+from .costmodel import STRATEGIES, Prediction, article_ratio, predict
 from .hardware import Compute, Hardware
+from .workload import Workload
 
 ADOPT_THRESHOLD = 0.05
 LOSSY = {
@@ -50,69 +51,20 @@ def advise(
     memory_bytes: float | None = None,
     strategies: tuple[str, ...] = STRATEGIES,
 ) -> dict:
-    rows = []
-    for s in strategies:
-        for fused in (False, True) if s != "tp" else (False,):
-            try:
-                rows.append((predict(replace(w, fused=fused), hw, gpus, gpus_per_node, s, rate), fused))
-            except ValueError as err:
-                nan = float("nan")
-                rows.append((Prediction(s, 0, nan, nan, nan, nan, str(err)), fused))
+    rows = _predictions(w, hw, gpus, gpus_per_node, rate, strategies)
     w = replace(w, fused=False)  # data parallelism as it is usually run: the reference
     dp = next(r for r, fused in rows if r.strategy == "dp" and not fused)
     latency_only = predict(
         w, replace(hw, intra_bw=float("inf"), inter_bw=float("inf")), gpus, gpus_per_node, "dp", rate
     )
     reg = regime(dp, latency_only.comm_s)
-    table = []
-    for r, fused in rows:
-        fits = memory_bytes is None or r.memory_bytes <= memory_bytes
-        table.append(
-            {
-                "strategy": r.strategy,
-                "front_end": "fused" if fused else "tokens",
-                "tp": r.tp,
-                "compute_s": r.compute_s,
-                "comm_intra_s": r.comm_intra_s,
-                "comm_inter_s": r.comm_inter_s,
-                "step_s": r.step_s,
-                "memory_gb": r.memory_bytes / 1e9,
-                "R_vs_dp": (dp.step_s - r.step_s) / dp.compute_s,
-                "fits": fits,
-                "note": r.note,
-            }
-        )
-    candidates = [t for t in table if t["fits"] and t["step_s"] == t["step_s"]]
-    best = min(candidates, key=lambda t: t["step_s"]) if candidates else None
-    # the fused front end computes the same function: data parallelism with it is still plain
-    # data parallelism, and the reference a strategy has to beat when it is the faster
-    dp_rows = [t for t in table if t["strategy"] == "dp" and t["step_s"] == t["step_s"]]
-    dp_row = min([t for t in dp_rows if t["fits"]] or dp_rows[:1], key=lambda t: t["step_s"])
+    table = [_table_row(r, fused, dp, memory_bytes) for r, fused in rows]
     reasons = [
         f"data parallelism: compute {dp.compute_s * 1e3:.1f} ms, communication {dp.comm_s * 1e3:.1f} ms "
         f"({dp.comm_inter_s * 1e3:.1f} ms between nodes) per step: {reg}"
     ]
     reasons += _front_end_comparison(table, memory_bytes)
-    if not dp_row["fits"]:
-        reasons.append(
-            f"data parallelism needs {dp_row['memory_gb']:.1f} GB per GPU, "
-            f"more than the {memory_bytes / 1e9:.1f} GB available"
-        )
-    chosen = None
-    if best is None:
-        reasons.append("no strategy fits in memory: use more GPUs, FSDP across more ranks, or a smaller model/batch")
-    elif best is not dp_row and (
-        not dp_row["fits"] or (dp_row["step_s"] - best["step_s"]) / dp_row["step_s"] > ADOPT_THRESHOLD
-    ):
-        chosen = best
-        gain = (dp_row["step_s"] - best["step_s"]) / dp_row["step_s"]
-        reasons.append(
-            f"{_layout(best)} is the fastest that fits: step {best['step_s'] * 1e3:.1f} ms vs "
-            f"{dp_row['step_s'] * 1e3:.1f} ms for {_layout(dp_row)} ({gain:+.0%} time saved), R = {best['R_vs_dp']:.3f}"
-        )
-    else:
-        chosen = dp_row if dp_row["fits"] else best
-        reasons.append(f"no strategy beats data parallelism by more than {ADOPT_THRESHOLD:.0%}: keep {_layout(chosen)}")
+    chosen = _choose(table, memory_bytes, reasons)
     choice = chosen["strategy"] if chosen else None
     if choice in LOSSY:
         check = "a run with train.rotation set" if choice == "rotation" else "`snakemake verify`"
@@ -141,6 +93,70 @@ def advise(
             "workload": w.__dict__,
         },
     }
+
+
+def _predictions(
+    w: Workload, hw: Hardware, gpus: int, gpus_per_node: int, rate, strategies: tuple[str, ...]
+) -> list[tuple[Prediction, bool]]:
+    """Each strategy's prediction with the token front end and (but tp's) the fused one; a
+    layout that cannot be built is a row of NaNs with the reason as its note."""
+    rows = []
+    for s in strategies:
+        for fused in (False, True) if s != "tp" else (False,):
+            try:
+                rows.append((predict(replace(w, fused=fused), hw, gpus, gpus_per_node, s, rate), fused))
+            except ValueError as err:
+                nan = float("nan")
+                rows.append((Prediction(s, 0, nan, nan, nan, nan, str(err)), fused))
+    return rows
+
+
+def _table_row(r: Prediction, fused: bool, dp: Prediction, memory_bytes: float | None) -> dict:
+    """A prediction as a row of the advice's table, its benefit R against data parallelism."""
+    return {
+        "strategy": r.strategy,
+        "front_end": "fused" if fused else "tokens",
+        "tp": r.tp,
+        "compute_s": r.compute_s,
+        "comm_intra_s": r.comm_intra_s,
+        "comm_inter_s": r.comm_inter_s,
+        "step_s": r.step_s,
+        "memory_gb": r.memory_bytes / 1e9,
+        "R_vs_dp": (dp.step_s - r.step_s) / dp.compute_s,
+        "fits": memory_bytes is None or r.memory_bytes <= memory_bytes,
+        "note": r.note,
+    }
+
+
+def _choose(table: list[dict], memory_bytes: float | None, reasons: list[str]) -> dict | None:
+    """The row to recommend: the fastest that fits where it beats data parallelism by more than
+    ADOPT_THRESHOLD (or data parallelism does not fit), else data parallelism; appends why."""
+    candidates = [t for t in table if t["fits"] and t["step_s"] == t["step_s"]]
+    best = min(candidates, key=lambda t: t["step_s"]) if candidates else None
+    # the fused front end computes the same function: data parallelism with it is still plain
+    # data parallelism, and the reference a strategy has to beat when it is the faster
+    dp_rows = [t for t in table if t["strategy"] == "dp" and t["step_s"] == t["step_s"]]
+    dp_row = min([t for t in dp_rows if t["fits"]] or dp_rows[:1], key=lambda t: t["step_s"])
+    if not dp_row["fits"]:
+        reasons.append(
+            f"data parallelism needs {dp_row['memory_gb']:.1f} GB per GPU, "
+            f"more than the {memory_bytes / 1e9:.1f} GB available"
+        )
+    if best is None:
+        reasons.append("no strategy fits in memory: use more GPUs, FSDP across more ranks, or a smaller model/batch")
+        return None
+    if best is not dp_row and (
+        not dp_row["fits"] or (dp_row["step_s"] - best["step_s"]) / dp_row["step_s"] > ADOPT_THRESHOLD
+    ):
+        gain = (dp_row["step_s"] - best["step_s"]) / dp_row["step_s"]
+        reasons.append(
+            f"{_layout(best)} is the fastest that fits: step {best['step_s'] * 1e3:.1f} ms vs "
+            f"{dp_row['step_s'] * 1e3:.1f} ms for {_layout(dp_row)} ({gain:+.0%} time saved), R = {best['R_vs_dp']:.3f}"
+        )
+        return best
+    chosen = dp_row if dp_row["fits"] else best
+    reasons.append(f"no strategy beats data parallelism by more than {ADOPT_THRESHOLD:.0%}: keep {_layout(chosen)}")
+    return chosen
 
 
 def _layout(row: dict) -> str:

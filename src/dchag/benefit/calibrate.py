@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from ..parallel.dims import collective_device
-from .costmodel import Workload
 from .hardware import Compute, Hardware
 from .trace import count
+from .workload import Workload
 
 
 def workload_from_config(

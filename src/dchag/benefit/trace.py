@@ -1,7 +1,7 @@
 """Count what a training step of this package's model does: matmul FLOPs, bytes read and
 written by matmul-type and by other operators, operators and views launched.
 
-The cost model's per-component counts (costmodel.TOKENIZER, LINEAR, QUERY, BLOCK, ...) are this
+The cost model's per-component counts (workload.TOKENIZER, LINEAR, QUERY, BLOCK, ...) are this
 implementation's; ``count`` recounts them on a real model (any size, one device), so a
 change to the model that moves more bytes shows up as a failing test, not as a silently wrong
 prediction.

@@ -14,9 +14,10 @@ def cmd_paper_point(args) -> None:
 
 def cmd_paper_figure(args) -> None:
     from ..figures import paper as figures
+    from ..figures.accuracy import accuracy
 
     if args.kind == "accuracy":
-        figures.accuracy(pairs(args.mae, "--mae"), pairs(args.forecast, "--forecast"), args.inputs, args.output)
+        accuracy(pairs(args.mae, "--mae"), pairs(args.forecast, "--forecast"), args.inputs, args.output)
     else:
         figures.DRAW[args.kind](args.inputs, args.output)
 

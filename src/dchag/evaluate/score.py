@@ -232,19 +232,8 @@ def score_files(
     lead_hours: list[float] | None = None,
     regrid: str | None = None,
 ) -> pd.DataFrame:
-    try:
-        conv = weather.convention(convention)
-        chosen = conv.select(metrics)
-    except weather.WeatherScoreError as err:
-        raise ScoreError(str(err)) from None
+    conv, chosen = _metrics(convention, metrics, climatology)
     needs_clim = any(m.needs_climatology for m in chosen)
-    if needs_clim and conv.climatology == "day_of_year" and not climatology:
-        names = ", ".join(m.name for m in chosen if m.needs_climatology)
-        raise ScoreError(
-            f"{names.upper()} under the {conv.name} convention needs a day-of-year climatology: pass --climatology "
-            "FILE (dims dayofyear[, hour], [level,] latitude, longitude; `dchag wb2-climatology` writes one), or "
-            "leave it out with --metrics"
-        )
     fds, tds, cds = _open_all(forecast, truth, climatology, regrid)
     lead_dim, leads = _forecast_leads(fds, forecast, lead_hours)
     fds = _check_grids(fds, tds, forecast, truth, regrid)
@@ -254,27 +243,8 @@ def score_files(
     _check_variables(wanted, fds, tds, cds, forecast, truth, climatology, needs_clim)
     _check_other_units(wanted, fds, tds, forecast, truth)
     leads_idx = _chosen_leads(leads, lead_hours, forecast)
-    init = pd.DatetimeIndex(fds.time.values)
-    truth_times = pd.DatetimeIndex(tds.time.values)
     w = conv.weights(tds.lat.values)
-    # Every forecast's valid time, per lead, must be in the truth: a partial overlap is not scored.
-    valids = {}
-    for i in leads_idx:
-        valid = init + pd.Timedelta(hours=float(leads[i]))
-        lacking = valid[~valid.isin(truth_times)]
-        if lacking.size == valid.size:
-            raise ScoreError(
-                f"no overlapping valid times for lead {float(leads[i])} h: "
-                f"forecast {forecast} initialised {init.min()} .. {init.max()}, "
-                f"truth {truth} covers {truth_times.min()} .. {truth_times.max()}"
-            )
-        if lacking.size:
-            raise ScoreError(
-                f"truth {truth} lacks {lacking.size} of the {valid.size} valid times of forecast {forecast} at lead "
-                f"{leads[i]:g} h: {lacking.min()} .. {lacking.max()} (the truth covers {truth_times.min()} .. "
-                f"{truth_times.max()}); give a truth that covers them, or score fewer leads with --lead-hours"
-            )
-        valids[i] = valid
+    valids = _valid_times(pd.DatetimeIndex(fds.time.values), tds, leads, leads_idx, forecast, truth)
     scored_valid = pd.DatetimeIndex(np.unique(np.concatenate([v.values for v in valids.values()])))
 
     rows = []
@@ -303,28 +273,70 @@ def score_files(
             clim = None
             if needs_clim:
                 clim = _climatology_at(cds[var], valid, climatology, var) if cds is not None else period_mean
-            fields = weather.Fields(f, t, w, clim, batch_size)
-            for metric in chosen:
-                value = metric(fields)
-                if np.isnan(value):  # only an ACC can be: the inputs are finite
-                    log.warning(
-                        "%s of %r at lead %g h is undefined and written as NaN (as WeatherBench 2 gives it): the "
-                        "forecast's or the truth's anomaly has no variance (a constant field, or a forecast equal to "
-                        "the climatology)",
-                        metric.name.upper(),
-                        var,
-                        leads[i],
-                    )
-                rows.append(
-                    {
-                        "variable": var,
-                        "lead_time_hours": float(leads[i]),
-                        "metric": metric.name,
-                        "value": value,
-                        "convention": conv.name,
-                    }
-                )
+            rows += _metric_rows(chosen, weather.Fields(f, t, w, clim, batch_size), var, float(leads[i]), conv.name)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _metrics(convention: str, metrics: list[str] | None, climatology: str | None) -> tuple:
+    """The convention and the metrics chosen of its table; a day-of-year climatology is needed
+    where a chosen metric takes one under that convention."""
+    try:
+        conv = weather.convention(convention)
+        chosen = conv.select(metrics)
+    except weather.WeatherScoreError as err:
+        raise ScoreError(str(err)) from None
+    if any(m.needs_climatology for m in chosen) and conv.climatology == "day_of_year" and not climatology:
+        names = ", ".join(m.name for m in chosen if m.needs_climatology)
+        raise ScoreError(
+            f"{names.upper()} under the {conv.name} convention needs a day-of-year climatology: pass --climatology "
+            "FILE (dims dayofyear[, hour], [level,] latitude, longitude; `dchag wb2-climatology` writes one), or "
+            "leave it out with --metrics"
+        )
+    return conv, chosen
+
+
+def _valid_times(init: pd.DatetimeIndex, tds: xr.Dataset, leads, leads_idx, forecast: str, truth: str) -> dict:
+    """lead index -> the forecasts' valid times at that lead; every one must be in the truth: a
+    partial overlap is not scored."""
+    truth_times = pd.DatetimeIndex(tds.time.values)
+    valids = {}
+    for i in leads_idx:
+        valid = init + pd.Timedelta(hours=float(leads[i]))
+        lacking = valid[~valid.isin(truth_times)]
+        if lacking.size == valid.size:
+            raise ScoreError(
+                f"no overlapping valid times for lead {float(leads[i])} h: "
+                f"forecast {forecast} initialised {init.min()} .. {init.max()}, "
+                f"truth {truth} covers {truth_times.min()} .. {truth_times.max()}"
+            )
+        if lacking.size:
+            raise ScoreError(
+                f"truth {truth} lacks {lacking.size} of the {valid.size} valid times of forecast {forecast} at lead "
+                f"{leads[i]:g} h: {lacking.min()} .. {lacking.max()} (the truth covers {truth_times.min()} .. "
+                f"{truth_times.max()}); give a truth that covers them, or score fewer leads with --lead-hours"
+            )
+        valids[i] = valid
+    return valids
+
+
+def _metric_rows(chosen, fields: weather.Fields, var: str, lead: float, convention: str) -> list[dict]:
+    """One row per chosen metric of one variable at one lead; an undefined ACC is NaN, with a warning."""
+    rows = []
+    for metric in chosen:
+        value = metric(fields)
+        if np.isnan(value):  # only an ACC can be: the inputs are finite
+            log.warning(
+                "%s of %r at lead %g h is undefined and written as NaN (as WeatherBench 2 gives it): the "
+                "forecast's or the truth's anomaly has no variance (a constant field, or a forecast equal to "
+                "the climatology)",
+                metric.name.upper(),
+                var,
+                lead,
+            )
+        rows.append(
+            {"variable": var, "lead_time_hours": lead, "metric": metric.name, "value": value, "convention": convention}
+        )
+    return rows
 
 
 def _open_all(forecast: str, truth: str, climatology: str | None, regrid: str | None):

@@ -23,14 +23,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 
 from ..paper import published
 from ..paper.predict import predicted_gb
 from ..paper.sweep import Point
-from ..store import InputError, atomic_path
+from ..store import InputError
 from ..vocabulary import VARIANTS
-from .common import read_csv, save
+from .caption import draw_caption, ratio_deviation, run_setting_label, setting_label, table_row, write_table
+from .common import save
 
 LABEL = {name: v.label for name, v in VARIANTS.items()}
 LABEL.update({f"{name}+fused": f"{v.label}, fused front end" for name, v in VARIANTS.items()})
@@ -45,16 +45,6 @@ COLOR = {
     "tokenize+aggregate": "#17becf",
     "dist-tokenize": "#d62728",
     "dist-tokenize+gather-all": "#9467bd",
-}
-PAPER_FIGURE = {
-    "front_share": "the paper's front-end memory breakdown of the baseline (tokenization, + aggregation, rest)",
-    "tokenization": (
-        "the paper's tokenization-strategy comparison (1.7B, 1024 channels, TP 8), "
-        "with the all-token AllGather ablation"
-    ),
-    "tree": "the paper's TreeK memory figure (1.7B, 1024 channels, TP 8; Tree0/2/4/8)",
-    "full_models": "the paper's full-model memory and TFLOPS/GPU table (1.7B-26B, baseline vs D-CHAG-C/-L)",
-    "tp_scaling": "the paper's scaling in TP for a fixed model",
 }
 
 
@@ -85,14 +75,6 @@ def load(paths: list[str]) -> list[Run]:
     return [Run(p) for p in paths]
 
 
-def _setting(width: int, channels: int, tp: int) -> str:
-    return f"{published.WIDTH_LABEL.get(width, f'w{width}')}, {channels} ch, TP{tp}"
-
-
-def _run_setting(p: Point) -> str:
-    return f"w{p.width} d{p.depth}, {p.channels} ch, TP{p.tp}" + (f" x DP{p.dp}" if p.dp > 1 else "")
-
-
 def _model_series(runs: list[Run]) -> list[str]:
     """The whole-model series the runs hold, each variant followed by its fused front end."""
     return [
@@ -101,6 +83,12 @@ def _model_series(runs: list[Run]) -> list[str]:
         for s in (v, f"{v}+fused")
         if any(r.point.series == s for r in runs)
     ]
+
+
+def published_value(figure: str, p: Point, tree: int, metric: str = "memory_gb") -> float | None:
+    """The published value of ``figure`` at point ``p``'s paper setting, or None: where the paper
+    has none, and for the fused front end (the paper's models form the channel tokens)."""
+    return None if p.fused_front_end else published.lookup(figure, *p.paper_setting, p.variant, tree, metric)
 
 
 def _unit(runs: list[Run]) -> tuple[str, float]:
@@ -127,59 +115,6 @@ def _bars(ax, groups: list[str], series: list[str], value, title: str, ylabel: s
     ax.grid(alpha=0.3, axis="y")
 
 
-def _caption(fig, figure: str, runs: list[Run], deviation: list[str]) -> str:
-    devices = sorted({r.device for r in runs})
-    settings = sorted({_run_setting(r.point) for r in runs})
-    text = (
-        f"Reproduces {PAPER_FIGURE[figure]}. Run: {'; '.join(settings)} on {', '.join(devices)}"
-        f" ({'paper scale' if all(r.at_paper_scale for r in runs) else 'scaled down: compare shapes and ratios'}). "
-        f"Published: {published.HARDWARE}. Prediction: dchag's cost model at the paper's scale. "
-        + ("From published: " + "; ".join(deviation) if deviation else "No published value at these settings.")
-    )
-    import textwrap
-
-    fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 180)), ha="left", va="top", fontsize=7)
-    return text
-
-
-def _write_table(rows: list[dict], output: str | Path, caption: str) -> None:
-    path = Path(output).with_suffix(".csv")
-    with atomic_path(path) as tmp:
-        with open(tmp, "w") as f:
-            f.write(f"# {caption}\n")
-            pd.DataFrame(rows).to_csv(f, index=False)
-
-
-def _row(
-    figure: str,
-    r: Run | None,
-    p: Point,
-    metric: str,
-    measured: float | None,
-    published_value: float | None,
-    predicted: float | None,
-    unit: str,
-) -> dict:
-    return {
-        "figure": figure,
-        "point": p.name,
-        "paper_setting": _setting(*p.paper_setting),
-        "variant": p.variant,
-        "tree": p.tree,
-        "metric": metric,
-        "published": published_value,
-        "predicted": predicted,
-        "prediction_error": (predicted / published_value - 1) if predicted is not None and published_value else None,
-        "measured": measured,
-        "measured_unit": unit,
-        "device": r.device if r else None,
-    }
-
-
-def _ratio_deviation(name: str, measured: float, pub: float) -> str:
-    return f"{name} {measured:.2f} here vs {pub:.2f} published ({(measured - pub) * 100:+.0f} points)"
-
-
 # -- the memory figures ----------------------------------------------------------------------
 TITLE = {
     "front_share": "Front-end share of the baseline's memory",
@@ -201,11 +136,7 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
         key = (groups_of(r.point), r.point.series)
         by_paper[key], by_run[key] = r.point, r
     groups = list(dict.fromkeys(g for g, _ in by_paper))
-    # the paper's models form the channel tokens: no published value for the fused front end
-    pub = {
-        k: None if p.fused_front_end else published.lookup(figure, *p.paper_setting, p.variant, p.tree)
-        for k, p in by_paper.items()
-    }
+    pub = {k: published_value(figure, p, p.tree) for k, p in by_paper.items()}
     pred = {k: predicted_gb(p) for k, p in by_paper.items()}
     meas = {k: r.memory() * scale for k, r in by_run.items()}
     _bars(
@@ -229,7 +160,7 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
         "predicted memory per GPU, GB",
     )
     devices = ", ".join(sorted({r.device for r in runs}))
-    run_groups = [f"{g}\n[{_run_setting(by_run[next(k for k in by_run if k[0] == g)].point)}]" for g in groups]
+    run_groups = [f"{g}\n[{run_setting_label(by_run[next(k for k in by_run if k[0] == g)].point)}]" for g in groups]
     _bars(
         axes[2],
         run_groups,
@@ -242,7 +173,7 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
     rows, deviation = [], []
     for k, p in by_paper.items():
         r = by_run[k]
-        rows.append(_row(figure, r, p, "memory", meas[k], pub[k], pred[k], unit))
+        rows.append(table_row(figure, r, p, "memory", meas[k], pub[k], pred[k], unit))
         if pub[k] is None:
             continue
         name = f"{LABEL.get(p.series, p.series)} {k[0]}"
@@ -252,7 +183,7 @@ def _memory_panels(axes, figure: str, runs: list[Run], groups_of, series: list[s
             deviation.append(f"measured {name} {meas[k] / pub[k] - 1:+.0%}")
         elif ref is not None and ref != k and ref in meas and pub.get(ref):
             deviation.append(
-                _ratio_deviation(
+                ratio_deviation(
                     f"{LABEL.get(p.variant, p.variant)}/{LABEL.get(ref[1], ref[1])} at {ref[0]}"
                     + (f" vs {k[0]}" if ref[0] != k[0] else ""),
                     meas[k] / meas[ref],
@@ -266,8 +197,8 @@ def _memory_figure(figure: str, runs: list[Run], output: str, groups_of, series:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     rows, deviation = _memory_panels(axes, figure, runs, groups_of, series, reference)
     fig.suptitle(TITLE[figure], fontsize=10)
-    caption = _caption(fig, figure, runs, deviation)
-    _write_table(rows, output, caption)
+    caption = draw_caption(fig, figure, runs, deviation)
+    write_table(rows, output, caption)
     return save(fig, output)
 
 
@@ -279,7 +210,7 @@ def tokenization(paths: list[str], output: str) -> Path:
         if any(r.point.variant == v for r in runs)
     ]
     return _memory_figure(
-        "tokenization", runs, output, lambda p: _setting(*p.paper_setting), series, lambda p, k: (k[0], "tokenize")
+        "tokenization", runs, output, lambda p: setting_label(*p.paper_setting), series, lambda p, k: (k[0], "tokenize")
     )
 
 
@@ -295,16 +226,11 @@ def full_models(paths: list[str], output: str) -> Path:
     series = _model_series(runs)
     fig, axes = plt.subplots(2, 3, figsize=(14, 8.4))
     rows, deviation = _memory_panels(
-        axes[0], "full_models", runs, lambda p: _setting(*p.paper_setting), series, lambda p, k: (k[0], "baseline")
+        axes[0], "full_models", runs, lambda p: setting_label(*p.paper_setting), series, lambda p, k: (k[0], "baseline")
     )
-    by = {(_setting(*r.point.paper_setting), r.point.series): r for r in runs}
+    by = {(setting_label(*r.point.paper_setting), r.point.series): r for r in runs}
     groups = list(dict.fromkeys(g for g, _ in by))
-    pub = {
-        k: None
-        if r.point.fused_front_end
-        else published.lookup("full_models", *r.point.paper_setting, r.point.variant, 0, "tflops")
-        for k, r in by.items()
-    }
+    pub = {k: published_value("full_models", r.point, 0, "tflops") for k, r in by.items()}
     _bars(
         axes[1][0],
         groups,
@@ -334,7 +260,9 @@ def full_models(paths: list[str], output: str) -> Path:
         "samples/s per GPU",
     )
     for k, r in by.items():
-        rows.append(_row("full_models", r, r.point, "tflops", r.data["tflops_per_gpu"], pub[k], None, "TFLOPS/GPU"))
+        rows.append(
+            table_row("full_models", r, r.point, "tflops", r.data["tflops_per_gpu"], pub[k], None, "TFLOPS/GPU")
+        )
         ref = (k[0], "baseline")
         if pub[k] is None or k[1] == "baseline" or ref not in by or not pub.get(ref):
             continue
@@ -342,7 +270,7 @@ def full_models(paths: list[str], output: str) -> Path:
             deviation.append(f"TFLOPS {LABEL[k[1]]} {k[0]} {r.data['tflops_per_gpu'] / pub[k] - 1:+.0%}")
         else:
             deviation.append(
-                _ratio_deviation(
+                ratio_deviation(
                     f"TFLOPS {LABEL[k[1]]}/baseline at {k[0]}",
                     r.data["tflops_per_gpu"] / by[ref].data["tflops_per_gpu"],
                     pub[k] / pub[ref],
@@ -362,8 +290,8 @@ def full_models(paths: list[str], output: str) -> Path:
     )
     fig.suptitle(TITLE["full_models"], fontsize=10)
     fig.tight_layout()
-    caption = _caption(fig, "full_models", runs, deviation)
-    _write_table(rows, output, caption)
+    caption = draw_caption(fig, "full_models", runs, deviation)
+    write_table(rows, output, caption)
     return save(fig, output)
 
 
@@ -377,10 +305,7 @@ def tp_scaling(paths: list[str], output: str) -> Path:
     for v in series:
         rs = sorted((r for r in runs if r.point.series == v), key=lambda r: r.point.tp)
         tps = [r.point.paper_setting[2] for r in rs]
-        pub = [
-            None if r.point.fused_front_end else published.lookup("tp_scaling", *r.point.paper_setting, v, 0)
-            for r in rs
-        ]
+        pub = [published_value("tp_scaling", r.point, 0) for r in rs]
         pred = [predicted_gb(r.point) for r in rs]
         c = COLOR[v]
         known = [(t, y) for t, y in zip(tps, pub) if y is not None]
@@ -392,7 +317,7 @@ def tp_scaling(paths: list[str], output: str) -> Path:
             [r.point.tp for r in rs], [r.data["samples_per_s_per_gpu"] for r in rs], "o-", color=c, label=LABEL[v]
         )
         for r, y, yp in zip(rs, pub, pred):
-            rows.append(_row("tp_scaling", r, r.point, "memory", r.memory() * scale, y, yp, unit))
+            rows.append(table_row("tp_scaling", r, r.point, "memory", r.memory() * scale, y, yp, unit))
             if y is not None:
                 deviation.append(f"prediction {LABEL[v]} TP{r.point.paper_setting[2]} {yp / y - 1:+.0%}")
                 if r.at_paper_scale:
@@ -405,7 +330,7 @@ def tp_scaling(paths: list[str], output: str) -> Path:
                 f"{LABEL[v]} memory TP{rs[-1].point.tp}/TP{rs[0].point.tp} here {rs[-1].memory() / rs[0].memory():.2f}"
                 f" (predicted at paper scale {predicted_gb(rs[-1].point) / predicted_gb(rs[0].point):.2f})"
             )
-    setting = {_setting(r.point.paper_setting[0], r.point.paper_setting[1], 0).rsplit(",", 1)[0] for r in runs}
+    setting = {setting_label(r.point.paper_setting[0], r.point.paper_setting[1], 0).rsplit(",", 1)[0] for r in runs}
     for ax, title, ylabel in zip(
         axes,
         ("published", "cost model, paper scale", f"this run: {runs[0].device}", "this run"),
@@ -416,8 +341,8 @@ def tp_scaling(paths: list[str], output: str) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{TITLE['tp_scaling']} ({'; '.join(sorted(setting))})", fontsize=10)
-    caption = _caption(fig, "tp_scaling", runs, deviation)
-    _write_table(rows, output, caption)
+    caption = draw_caption(fig, "tp_scaling", runs, deviation)
+    write_table(rows, output, caption)
     return save(fig, output)
 
 
@@ -461,7 +386,9 @@ def front_share(paths: list[str], output: str) -> Path:
     colors = ("#1f77b4", "#17becf", "#bbbbbb")
     for ax, (title, data) in zip(axes, panels):
         labels = [
-            _setting(*s) if "run" not in title else f"{_setting(*s)}\n[{_run_setting(by[(s, 'baseline')].point)}]"
+            setting_label(*s)
+            if "run" not in title
+            else f"{setting_label(*s)}\n[{run_setting_label(by[(s, 'baseline')].point)}]"
             for s in settings
         ]
         bottom = np.zeros(len(settings))
@@ -483,7 +410,7 @@ def front_share(paths: list[str], output: str) -> Path:
             rows.append(
                 {
                     "figure": "front_share",
-                    "paper_setting": _setting(*s),
+                    "paper_setting": setting_label(*s),
                     "part": name,
                     "published_share": p[j] if p else None,
                     "predicted_share": pred_s[s][j],
@@ -492,109 +419,11 @@ def front_share(paths: list[str], output: str) -> Path:
                 }
             )
             if p:
-                deviation.append(_ratio_deviation(f"{name} share at {_setting(*s)}", meas_s[s][j], p[j]))
+                deviation.append(ratio_deviation(f"{name} share at {setting_label(*s)}", meas_s[s][j], p[j]))
                 deviation.append(f"predicted {name} share {pred_s[s][j]:.2f}")
     fig.suptitle(TITLE["front_share"], fontsize=10)
-    caption = _caption(fig, "front_share", runs, deviation)
-    _write_table(rows, output, caption)
-    return save(fig, output)
-
-
-# -- accuracy parity -------------------------------------------------------------------------
-def accuracy(mae_logs: dict[str, str], forecast_logs: dict[str, str], comparisons: list[str], output: str) -> Path:
-    """Hyperspectral MAE loss (baseline vs -L, beside the paper's published curve) and the
-    ERA5 training loss (baseline, -C, -L) with the 7/14/30-day RMSE/ACC %change table."""
-    fig = plt.figure(figsize=(15, 6.5))
-    ax_pub = fig.add_axes([0.05, 0.45, 0.27, 0.47])
-    ax_mae = fig.add_axes([0.38, 0.45, 0.27, 0.47])
-    ax_era = fig.add_axes([0.71, 0.45, 0.27, 0.47])
-    ax_tab = fig.add_axes([0.05, 0.02, 0.93, 0.3])
-    for v, losses in published.MAE_LOSS.items():
-        ax_pub.plot(published.MAE_EPOCHS, losses, "o-", color=COLOR[v], label=LABEL[v])
-    ax_pub.set(title="published: hyperspectral MAE loss", xlabel="epoch", ylabel="loss", yscale="log")
-    deviation = []
-    for ax, logs, title in (
-        (ax_mae, mae_logs, "this run: hyperspectral MAE"),
-        (ax_era, forecast_logs, "this run: ERA5 forecast"),
-    ):
-        finals = {}
-        for v, path in logs.items():
-            df = read_csv(path, "training log")
-            ax.plot(df["step"], df["loss"], color=COLOR[v], lw=1.1, label=f"{LABEL[v]} ({Path(path).parent.name})")
-            val = df.dropna(subset=["val_loss"]) if "val_loss" in df else df.iloc[:0]
-            if len(val):
-                ax.plot(val["step"], val["val_loss"], "o--", color=COLOR[v], ms=4, lw=0.7)
-            finals[v] = float(df["loss"].tail(max(1, len(df) // 10)).mean())
-        for v in finals:
-            if v != "baseline" and "baseline" in finals:
-                deviation.append(
-                    f"{title.split(': ')[1]} final training loss "
-                    f"{LABEL[v]}/baseline {finals[v] / finals['baseline']:.3f}"
-                )
-        ax.set(title=title, xlabel="step", ylabel="training loss (line), validation (markers)", yscale="log")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    pub = published.MAE_LOSS
-    deviation.append(f"published MAE final loss D-CHAG-L/baseline {pub['dchag-l'][-1] / pub['baseline'][-1]:.3f}")
-    ax_pub.grid(alpha=0.3, which="both")
-    ax_pub.legend(fontsize=7)
-    # the %change table: every comparison (candidate vs baseline), metrics rmse and acc, 7/14/30 days
-    rows = []
-    for path in comparisons:
-        df = read_csv(path, "comparison table")
-        cand = [
-            c for c in df.columns if c not in ("variable", "lead_time_hours", "metric", "percent_change", "convention")
-        ]
-        for _, r in df[df.metric.isin(["rmse", "acc"])].iterrows():
-            rows.append(
-                {
-                    "comparison": Path(path).stem.removeprefix("comparison_"),
-                    "variable": r["variable"],
-                    "lead_days": int(r["lead_time_hours"]) // 24,
-                    "metric": r["metric"].upper().replace("ACC", "wACC"),
-                    "percent_change": r["percent_change"],
-                    **{c: r[c] for c in cand},
-                }
-            )
-    table = pd.DataFrame(rows)
-    ax_tab.axis("off")
-    if len(table):
-        wide = table.pivot_table(
-            index=["comparison", "metric"], columns=["variable", "lead_days"], values="percent_change"
-        )
-        cells = [[f"{v:+.1f}%" if np.isfinite(v) else "" for v in row] for row in wide.values]
-        t = ax_tab.table(
-            cellText=cells,
-            rowLabels=[f"{c} {m}" for c, m in wide.index],
-            colLabels=[f"{var} {d}d" for var, d in wide.columns],
-            loc="upper center",
-            cellLoc="center",
-        )
-        t.auto_set_font_size(False)
-        t.set_fontsize(7)
-        t.scale(1, 1.3)
-        ax_tab.set_title(
-            "ERA5: % change against the baseline (RMSE, wACC) at 7/14/30 days — this run; " + published.ERA5_NOTE,
-            fontsize=8,
-        )
-        worst = table.loc[table.percent_change.abs().idxmax()]
-        deviation.append(
-            f"largest ERA5 |%change| {worst.percent_change:+.1f}% ({worst.comparison}, {worst.variable}, "
-            f"{worst.metric}, {worst.lead_days} d)"
-        )
-    fig.suptitle("Accuracy parity: baseline vs D-CHAG", fontsize=10)
-    import textwrap
-
-    text = (
-        "Reproduces the paper's accuracy-parity results: hyperspectral MAE loss "
-        "(published: 1-GPU baseline vs -L on 2 GPUs, 500 bands, width 512, depth 8) "
-        "and the ERA5 7/14/30-day %change table (baseline, -C, -L). Runs: "
-        + ", ".join(Path(p).parent.name for p in [*mae_logs.values(), *forecast_logs.values()])
-        + ". "
-        + "; ".join(deviation)
-    )
-    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, 190)), ha="left", va="top", fontsize=7)
-    _write_table(rows or [{"note": "no comparison tables"}], output, text)
+    caption = draw_caption(fig, "front_share", runs, deviation)
+    write_table(rows, output, caption)
     return save(fig, output)
 
 

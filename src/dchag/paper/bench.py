@@ -129,12 +129,49 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
     if world != p.gpus:
         raise RuntimeError(f"point {p.name} needs {p.gpus} processes (tp x dp), {world} were started")
     precision = resolve_precision(p.precision, device)
+    model, mesh = _parallel_model(p, device, world, precision)
+    core = model
+    front_only = p.variant in FRONT_VARIANTS
+    batch = _synthetic_batch(p, core, mesh, device)
+    tp_group = mesh["tp"].get_group() if mesh is not None else None
+    opt = None if front_only else torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step, front_step = _step_functions(p, model, core, opt, device, precision, tp_group, batch)
+    for _ in range(warmup):
+        step()
+    result = {"point": p.to_dict(), "name": p.name, "precision_run": precision, "world": world}
+    per_rank = _peak_memory(p, device, [model, opt] if opt is not None else [model], step, front_step)
+    step_s = _step_seconds(step, steps, device)
+    ranks = _every_rank(per_rank, device, world)
+    flops = forward_flops(p)
+    result.update(
+        {
+            "ranks": ranks,
+            "memory_mib_rank0": ranks[0]["memory_mib"],
+            "memory_mib_max": max(r["memory_mib"] for r in ranks),
+            "step_s": step_s,
+            "samples_per_s_per_gpu": p.batch * p.dp / step_s / p.gpus,
+            "forward_flops": flops,
+            "tflops_per_gpu": 3 * flops / step_s / p.tp / 1e12,
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"CPU ({platform.machine()}, {os.cpu_count()} cores, gloo)",
+            "memory_measure": "torch.cuda.max_memory_reserved" if device.type == "cuda" else "MemTracker peak (CPU)",
+            "torch": torch.__version__,
+            "steps": steps,
+            "warmup": warmup,
+        }
+    )
+    return result
+
+
+def _parallel_model(p: Point, device: torch.device, world: int, precision: str):
+    """The point's model on ``device``, parallelized over the (tp, dp) mesh (None on one
+    process); a front-end ablation without its ViT blocks."""
     dims = ParallelDims(tp=p.tp, dp_mode="fsdp" if p.dp > 1 else "none", world_size=world)
     mesh = dims.build_mesh(device.type) if world > 1 else None
     torch.manual_seed(0)
     model = ChannelViT(point_model(p))
-    front_only = p.variant in FRONT_VARIANTS
-    if front_only:  # the front end alone: no ViT, no head in memory
+    if p.variant in FRONT_VARIANTS:  # the front end alone: no ViT, no head in memory
         model.blocks = nn.ModuleList()
     model = model.to(device)
     model = parallelize_model(
@@ -146,7 +183,12 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
         ),
         param_dtype=torch.bfloat16 if precision == "bf16" and p.dp > 1 else None,
     )
-    core = model
+    return model, mesh
+
+
+def _synthetic_batch(p: Point, core, mesh, device: torch.device) -> tuple:
+    """(x, lead, target) of this rank: its data-parallel share of a seeded random batch, its
+    channels."""
     ids = core.tokenizer.channel_ids.cpu()
     g = torch.Generator().manual_seed(1)
     dp_rank = mesh["dp"].get_local_rank() if mesh is not None else 0
@@ -157,13 +199,16 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
     x = x_all[:, ids].to(device)
     lead = torch.full((p.batch,), 24.0, device=device)
     target = torch.randn(p.batch, len(core.cfg.out_channels), *p.image, generator=g, device="cpu").to(device)
-    tp_group = mesh["tp"].get_group() if mesh is not None else None
-    opt = None if front_only else torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return x, lead, target
+
+
+def _step_functions(p: Point, model, core, opt, device, precision, tp_group, batch):
+    """(step, front_step): one measured step of the point, and the whole model's front end
+    alone (forward and backward)."""
+    x = batch[0]
     # a whole model trains with the training loop's own step (forward, backward, clipping,
     # the finite check, the optimizer); the front-end ablations only run forward and backward
-    train_step = (
-        None if front_only else _training_step(model, core, opt, device, precision, tp_group, (x, lead, target))
-    )
+    train_step = None if opt is None else _training_step(model, core, opt, device, precision, tp_group, batch)
 
     # The front end's output summed: its gradient is ones, so no loss-sized temporaries are
     # added to what the front end itself holds.
@@ -192,13 +237,14 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
         loss.backward()
         model.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
-        step()
-    tracked = [model, opt] if opt is not None else [model]
-    result = {"point": p.to_dict(), "name": p.name, "precision_run": precision, "world": world}
-    # the front end's activation peak (its forward and backward alone; not under FSDP, whose
-    # root unshards the front end's parameters only in the whole model's forward), then the step
-    split = not front_only and p.dp == 1
+    return step, front_step
+
+
+def _peak_memory(p: Point, device: torch.device, tracked: list, step, front_step) -> dict:
+    """This rank's peak memory of one step, MiB, and for a whole model without FSDP its front
+    end's share: the front end's activation peak (its forward and backward alone; FSDP's root
+    unshards the front end's parameters only in the whole model's forward) and the rest."""
+    split = p.variant not in FRONT_VARIANTS and p.dp == 1
     if split:
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -217,6 +263,11 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
         per_rank.update({k: mem[k] for k in KINDS})
     if split:
         per_rank.update(front_mib=front, rest_mib=peak - front)
+    return per_rank
+
+
+def _step_seconds(step, steps: int, device: torch.device) -> float:
+    """Seconds per step over ``steps`` timed steps, the slowest rank's."""
     dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -227,33 +278,16 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
         torch.cuda.synchronize()
     elapsed = torch.tensor((time.perf_counter() - t0) / steps, device=device, dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    # every rank's numbers, on the training device (NCCL takes no CPU tensors)
+    return float(elapsed)
+
+
+def _every_rank(per_rank: dict, device: torch.device, world: int) -> list[dict]:
+    """Every rank's numbers, gathered on the training device (NCCL takes no CPU tensors)."""
     keys = sorted(per_rank)
     mine = torch.tensor([float(per_rank[k]) for k in keys], device=device, dtype=torch.float64)
     everyone = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
-    ranks = [dict(zip(keys, t.tolist())) for t in everyone]
-    step_s = float(elapsed)
-    flops = forward_flops(p)
-    result.update(
-        {
-            "ranks": ranks,
-            "memory_mib_rank0": ranks[0]["memory_mib"],
-            "memory_mib_max": max(r["memory_mib"] for r in ranks),
-            "step_s": step_s,
-            "samples_per_s_per_gpu": p.batch * p.dp / step_s / p.gpus,
-            "forward_flops": flops,
-            "tflops_per_gpu": 3 * flops / step_s / p.tp / 1e12,
-            "device": torch.cuda.get_device_name(device)
-            if device.type == "cuda"
-            else f"CPU ({platform.machine()}, {os.cpu_count()} cores, gloo)",
-            "memory_measure": "torch.cuda.max_memory_reserved" if device.type == "cuda" else "MemTracker peak (CPU)",
-            "torch": torch.__version__,
-            "steps": steps,
-            "warmup": warmup,
-        }
-    )
-    return result
+    return [dict(zip(keys, t.tolist())) for t in everyone]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,5 @@
-"""The cost model's per-GPU memory at a point's paper setting (benefit/costmodel.py with the
-constants of the paper's implementation, costmodel.PAPER), for whole models and for the
+"""The cost model's per-GPU memory at a point's paper setting (benefit/costmodel.py and workload.py with the
+constants of the paper's implementation, workload.PAPER), for whole models and for the
 front-end ablations.
 
 The paper's fixed performance settings (depth 32, 128 x 256, patch 4, batch 2, bf16, heads =
@@ -9,8 +9,9 @@ setting it stands for (``Point.paper_setting``).
 
 from __future__ import annotations
 
-from ..benefit.costmodel import PAPER, Workload, predict
+from ..benefit.costmodel import predict
 from ..benefit.hardware import Hardware
+from ..benefit.workload import PAPER, Workload
 from ..vocabulary import VARIANTS
 from . import published
 from .sweep import Point

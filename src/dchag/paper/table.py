@@ -2,7 +2,7 @@
 (dchag.paper.published: Frontier MI250X, 64 GB per GCD; batch 2, 128 x 256 image, patch 4,
 depth 32, bf16, peak reserved on rank 0).
 
-Five of the paper's numbers set the constants of its implementation (costmodel.PAPER): the
+Five of the paper's numbers set the constants of its implementation (benefit.workload.PAPER): the
 front-end-only measurements (tokenization of 1024 and of 128 channels, + aggregation) and the
 -C minus -L difference at 1.7B / 1024 channels / TP 8. Every other number is a prediction;
 TreeK is not modelled (its rows show the error of ignoring it).

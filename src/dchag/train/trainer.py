@@ -93,6 +93,25 @@ class Trainer:
         torch.manual_seed(self.seed)
         core_model = ChannelViT(self.task.model_cfg)
         self.init_report, init_record = self._initialise(core_model)
+        core = self._parallelize(core_model)
+        self._optimizer(core)
+        self._stateful_parts()
+        self._data(core)
+        self.checkpoints = ckpt.CheckpointManager(
+            self.out,
+            {**ckpt.fingerprint(self.cfg, self.task.data_signature()), **init_record},
+            t.checkpoint_every,
+            t.keep_checkpoints,
+            self.rank,
+            self.parts,
+        )
+
+    # -- assembly ----------------------------------------------------------------------------
+    def _parallelize(self, core_model: ChannelViT) -> ChannelViT:
+        """The one-device model on the training device, parallelized over the mesh (its
+        fine-tuning's frozen parts frozen); the groups its step reduces over. Returns the
+        unwrapped model."""
+        t, par = self.cfg.train, self.cfg.parallel
         frozen_parts = finetune.frozen_parts(t)
         self.model = parallelize_model(
             core_model.to(self.device),
@@ -108,7 +127,11 @@ class Trainer:
         self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
         # Only under D-CHAG does a rank hold a slice of the channels (the MAE target needs all).
         self.channel_group = self.tp_group if core.group_gather is not None else None
+        return core
 
+    def _optimizer(self, core: ChannelViT) -> None:
+        """AdamW, the warmup-cosine schedule and the train step over them."""
+        t = self.cfg.train
         self.opt = torch.optim.AdamW(
             param_groups(self.model, self.cfg, self.task.model_cfg, self.dims.tp),
             lr=t.lr,
@@ -131,6 +154,11 @@ class Trainer:
             rotation=t.rotation,
             seed=self.seed,
         )
+
+    def _stateful_parts(self) -> None:
+        """What a checkpoint saves and restores (the counters among them), and the step's
+        instruments."""
+        t = self.cfg.train
         self.counters = state.CountersState({"step": 0, "epoch": 0, "position": 0, "best_val": float("inf")})
         self.parts = {
             "model": state.ModelState(self.model),
@@ -149,22 +177,17 @@ class Trainer:
             getattr(self.model, "comm_hook_state", None),
         )
 
+    def _data(self, core: ChannelViT) -> None:
+        """The train and validation sets of this rank's channels, checked against the data
+        parallel size and batch, and their resumable samplers over this rank's share."""
         channels = core.tokenizer.channel_ids.tolist()  # each rank reads only its tokenizer's channels
         self.train_set = self.task.dataset("train", channels, self.seed)
         self.val_set = self.task.dataset("val", channels, self.seed + 1)
         dp_rank = self.mesh["dp"].get_local_rank()
-        self.batch = t.batch_size
+        self.batch = self.cfg.train.batch_size
         check_splits(self.task, len(self.train_set), len(self.val_set), self.dims.dp, self.batch)
         self.sampler = ResumableSampler(len(self.train_set), self.dims.dp, dp_rank, self.seed)
         self.val_sampler = ResumableSampler(len(self.val_set), self.dims.dp, dp_rank, self.seed, shuffle=False)
-        self.checkpoints = ckpt.CheckpointManager(
-            self.out,
-            {**ckpt.fingerprint(self.cfg, self.task.data_signature()), **init_record},
-            t.checkpoint_every,
-            t.keep_checkpoints,
-            self.rank,
-            self.parts,
-        )
 
     # -- fine-tuning -------------------------------------------------------------------------
     def _initialise(self, model: ChannelViT) -> tuple[dict | None, dict]:
