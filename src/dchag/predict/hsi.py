@@ -268,47 +268,20 @@ def classify_scene(
     return made
 
 
-def reconstruct_image(
-    model: Model, image: str, output: str, key: str | None = None, batch_size: int = 16
-) -> dict[str, Path]:
-    """Masked-autoencoder reconstructions of every complete tile of ``image``."""
-    model.require(Task.MAE)
-    out = _outputs(output, "reconstruction", image, model, (".png",))
+def _tile_scores(truth: np.ndarray, pred: np.ndarray, masked: np.ndarray, corners, t: int) -> dict:
+    """The masked-patch and whole-tile scores of the reconstructed tiles (a note where SSIM's
+    window does not fit a tile)."""
     from ..evaluate import recon
-    from ..hsi.samples import complete_tiles, tile_grid
 
-    x, missing, _ = read_scene(model, image, key)
-    t = model.meta["sample_size"]
-    corners = [
-        c for c, ok in zip(tile_grid(missing.shape, t), complete_tiles(missing, tile_grid(missing.shape, t), t)) if ok
-    ]
-    if not corners:
-        raise PredictError(f"{image}: no complete {t}x{t} tile without missing pixels to reconstruct")
-    mean = np.asarray(model.meta["normalisation"]["mean"], np.float32)[:, None, None]
-    std = np.asarray(model.meta["normalisation"]["std"], np.float32)[:, None, None]
-    bands = x.shape[2]
-    truth = np.full((bands, *missing.shape), np.nan, np.float32)
-    pred = np.full_like(truth, np.nan)
-    masked = np.zeros(missing.shape, bool)
+    if t < recon.WIN:
+        return {"note": f"no scores: tiles of {t} px are smaller than SSIM's {recon.WIN} px window"}
+    tiles = [np.stack([a[..., r : r + t, c : c + t] for r, c in corners]) for a in (truth, pred, masked)]
+    return recon.masked_and_full(*tiles)
 
-    def read(a, b):
-        return np.stack([x[r : r + t, c : c + t].transpose(2, 0, 1) for r, c in corners[a:b]])
 
-    done = reconstruct_tiles(model, lay_out(model), len(corners), read, batch_size, f"the tiles of {image} from")
-    if done is None:
-        return {}
-    for first, (y, m) in done.items():
-        for k, (r, c) in enumerate(corners[first : first + len(y)]):
-            truth[:, r : r + t, c : c + t] = x[r : r + t, c : c + t].transpose(2, 0, 1) * std + mean
-            pred[:, r : r + t, c : c + t] = y[k] * std + mean
-            masked[r : r + t, c : c + t] = m[k]
-    tiles_t = np.stack([truth[:, r : r + t, c : c + t] for r, c in corners])
-    tiles_p = np.stack([pred[:, r : r + t, c : c + t] for r, c in corners])
-    tiles_m = np.stack([masked[r : r + t, c : c + t] for r, c in corners])
-    if t >= recon.WIN:
-        scores = recon.masked_and_full(tiles_t, tiles_p, tiles_m)
-    else:  # SSIM's window does not fit a tile
-        scores = {"note": f"no scores: tiles of {t} px are smaller than SSIM's {recon.WIN} px window"}
+def _write_reconstruction(model: Model, image: str, out: Path, truth, pred, masked, corners, scores) -> None:
+    """The store (truth, reconstruction, masked pixels; the scores in its attributes) and a PNG
+    of one band (the one nearest 650 nm) beside it."""
     wl = [np.nan if v is None else v for v in model.meta["bands"]["wavelength"]]
     ds = xr.Dataset(
         {
@@ -327,8 +300,43 @@ def reconstruct_image(
         },
     )
     write_zarr(ds, out, kind="reconstruction", inputs=(image, model.source))
-    band = int(np.argmin(np.abs(np.asarray(wl) - 650))) if np.isfinite(wl).all() else bands // 2
+    band = int(np.argmin(np.abs(np.asarray(wl) - 650))) if np.isfinite(wl).all() else truth.shape[0] // 2
     side = np.concatenate([truth[band], pred[band]], axis=1)
     with _all_or_none([out]):
         _png(side, out.with_suffix(".png"), f"band {band}: image | reconstruction", "viridis")
+
+
+def reconstruct_image(
+    model: Model, image: str, output: str, key: str | None = None, batch_size: int = 16
+) -> dict[str, Path]:
+    """Masked-autoencoder reconstructions of every complete tile of ``image``."""
+    model.require(Task.MAE)
+    out = _outputs(output, "reconstruction", image, model, (".png",))
+    from ..hsi.samples import complete_tiles, tile_grid
+
+    x, missing, _ = read_scene(model, image, key)
+    t = model.meta["sample_size"]
+    grid = tile_grid(missing.shape, t)
+    corners = [c for c, ok in zip(grid, complete_tiles(missing, grid, t)) if ok]
+    if not corners:
+        raise PredictError(f"{image}: no complete {t}x{t} tile without missing pixels to reconstruct")
+
+    def read(a, b):
+        return np.stack([x[r : r + t, c : c + t].transpose(2, 0, 1) for r, c in corners[a:b]])
+
+    done = reconstruct_tiles(model, lay_out(model), len(corners), read, batch_size, f"the tiles of {image} from")
+    if done is None:
+        return {}
+    mean = np.asarray(model.meta["normalisation"]["mean"], np.float32)[:, None, None]
+    std = np.asarray(model.meta["normalisation"]["std"], np.float32)[:, None, None]
+    truth = np.full((x.shape[2], *missing.shape), np.nan, np.float32)
+    pred = np.full_like(truth, np.nan)
+    masked = np.zeros(missing.shape, bool)
+    for first, (y, m) in done.items():
+        for k, (r, c) in enumerate(corners[first : first + len(y)]):
+            truth[:, r : r + t, c : c + t] = x[r : r + t, c : c + t].transpose(2, 0, 1) * std + mean
+            pred[:, r : r + t, c : c + t] = y[k] * std + mean
+            masked[r : r + t, c : c + t] = m[k]
+    scores = _tile_scores(truth, pred, masked, corners, t)
+    _write_reconstruction(model, image, out, truth, pred, masked, corners, scores)
     return {"zarr": out, "png": out.with_suffix(".png"), "scores": scores}
