@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .config import ConfigError, RunSettings, Settings
 from .runs import TASK_SPECS, Run, resolve, task_spec
+from .vocabulary import Aggregation, Strategy
 
 
 def era5_split_steps(era5: dict, split: str) -> int:
@@ -65,8 +66,8 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
             f"{par.tp} (tensor parallelism splits the heads)"
         )
     check_model_size(key, r)
-    hierarchical = m.aggregation != "baseline"
-    if par.strategy == "dchag":
+    hierarchical = m.aggregation != Aggregation.BASELINE
+    if par.strategy == Strategy.DCHAG:
         if par.tp > 1 and not hierarchical:
             raise ConfigError(f"config key '{key}': parallel.strategy dchag needs model.aggregation linear or cross")
         if hierarchical and par.tp > 1 and (m.groups or par.tp) != par.tp:

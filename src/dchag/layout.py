@@ -23,12 +23,12 @@ def data_parallel_size(tp: int, dp_mode: str, world_size: int) -> int:
         )
     if dp_mode not in DP_MODES:
         raise ParallelConfigError(f"parallel.data_parallel {dp_mode!r}: expected one of {', '.join(DP_MODES)}")
-    if dp_mode == "ddp" and tp > 1:
+    if dp_mode == DataParallel.DDP and tp > 1:
         raise ParallelConfigError(
             "parallel.data_parallel: ddp works with tp=1 only; use fsdp to combine data and tensor parallelism"
         )
     dp = world_size // tp
-    if dp_mode == "none" and dp > 1:
+    if dp_mode == DataParallel.NONE and dp > 1:
         raise ParallelConfigError(
             f"parallel.data_parallel: none, but world size {world_size} leaves {dp} data-parallel replicas"
         )

@@ -16,6 +16,7 @@ from .checks import check_run, era5_split_steps, init_source
 from .config import ConfigError, Settings, TrainSettings, run_settings, settings
 from .jobs import JobShape, era5_mem_mb
 from .runs import TASK_SPECS, Run, RunPaths, task_spec
+from .vocabulary import Strategy
 
 BASELINE_FORECASTS = ("persistence", "climatology")
 
@@ -112,7 +113,7 @@ def comparisons(s: Settings) -> dict[str, str]:
                 f"config key 'evaluate.compare': {unknown} are not forecast runs ({', '.join(runs) or 'none'})"
             )
         return dict(s.evaluate.compare)
-    baselines = [r for r in runs if run_settings(s.raw, r).parallel.strategy == "baseline"]
+    baselines = [r for r in runs if run_settings(s.raw, r).parallel.strategy == Strategy.BASELINE]
     if len(baselines) != 1:
         return {}
     return {r: baselines[0] for r in runs if r != baselines[0]}

@@ -46,6 +46,14 @@ class Strategy(StrEnum):
     DCHAG = "dchag"
 
 
+class MeshAxis(StrEnum):
+    """The device mesh's named dimensions: data-parallel replicas (``dp``) by tensor-parallel
+    ranks (``tp``), in that order (a tensor-parallel group is consecutive ranks)."""
+
+    DP = "dp"
+    TP = "tp"
+
+
 class DataParallel(StrEnum):
     FSDP = "fsdp"
     DDP = "ddp"

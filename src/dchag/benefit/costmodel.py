@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ConfigError
-from ..vocabulary import MODEL_VARIANTS, VARIANTS
+from ..vocabulary import MODEL_VARIANTS, VARIANTS, Strategy
 from . import hardware as hwm
 from .hardware import Compute, Hardware
 from .workload import Workload, compute_seconds
@@ -148,7 +148,7 @@ class TensorParallel:
 
 def _tensor_parallel(variant: str) -> TensorParallel:
     v = VARIANTS[variant]
-    return TensorParallel(v.cost_model, v.aggregation, v.strategy == "dchag")
+    return TensorParallel(v.cost_model, v.aggregation, v.strategy == Strategy.DCHAG)
 
 
 MODELS = {

@@ -36,6 +36,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..errors import DchagError
+from ..vocabulary import Aggregation, MeshAxis, Strategy
 
 KINDS = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 
@@ -149,7 +150,7 @@ def model_of(run, channels: int | None = None, image: tuple[int, int] | None = N
     the ERA5 section's channels and grid, or the hyperspectral store's bands and size)."""
 
     r = run.settings
-    groups = (r.model.groups or r.parallel.tp) if r.model.aggregation != "baseline" else 1
+    groups = (r.model.groups or r.parallel.tp) if r.model.aggregation != Aggregation.BASELINE else 1
     if channels is not None and channels < groups:
         raise ConfigError(
             f"run {run.name!r}: {channels} channels for {groups} channel groups (model.groups, or one per "
@@ -174,7 +175,7 @@ def _check_layout(settings, model_cfg, world_size: int) -> None:
     """What the trainer would refuse, said before anything is built (ConfigError naming the key)."""
     par, m = settings.parallel, model_cfg
     key = f"train.runs.{settings.run}"
-    if par.strategy == "dchag" and m.aggregation == "baseline" and par.tp > 1:
+    if par.strategy == Strategy.DCHAG and m.aggregation == Aggregation.BASELINE and par.tp > 1:
         raise ConfigError(f"config key '{key}': parallel.strategy dchag needs model.aggregation linear or cross")
     if m.num_heads % par.tp:
         raise ConfigError(
@@ -215,7 +216,7 @@ def measure_step(r, model_cfg, dims, mesh, batch: int, precision: str, steps: in
     from ..train.tasks import TASKS
 
     task = TASKS[r.task].synthetic(r, model_cfg)
-    channel_group = mesh["tp"].get_group() if core.group_gather is not None and dims.tp > 1 else None
+    channel_group = mesh[MeshAxis.TP].get_group() if core.group_gather is not None and dims.tp > 1 else None
     data = task.synthetic_batch(core.tokenizer.channel_ids.numel(), batch)
     params = list(model.parameters())
     grads = 0

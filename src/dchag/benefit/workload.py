@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..vocabulary import Aggregation
 from .hardware import Compute
 
 BYTES_PER_PARAM_STATE = 16
@@ -128,9 +129,9 @@ class Workload:
         d, p2 = self.embed_dim, self.patch_size**2
         tok = channels * (d * p2 + 2 * d)
         attn = 4 * d * d + 5 * d
-        if aggregation == "baseline":
+        if aggregation == Aggregation.BASELINE:
             return tok + attn
-        partial = groups * attn if aggregation == "cross" else channels + groups
+        partial = groups * attn if aggregation == Aggregation.CROSS else channels + groups
         return tok + partial + attn
 
     def head_params(self) -> float:
@@ -277,17 +278,17 @@ class Workload:
         """Tokenize ``channels`` channels and reduce them: baseline = one query over all of them
         (TP-split projections); hierarchical = ``groups`` partial aggregators."""
         if self._fuses(aggregation, tp):
-            calls = groups * (self.tree or 1) if aggregation != "baseline" else 1
+            calls = groups * (self.tree or 1) if aggregation != Aggregation.BASELINE else 1
             parts = [self.fused_work(channels, aggregation, calls)]
-            if aggregation != "baseline" and self.tree:  # TreeK's second level takes its K tokens
-                level2 = self.linear_work(self.tree * groups) if aggregation == "linear" else None
+            if aggregation != Aggregation.BASELINE and self.tree:  # TreeK's second level takes its K tokens
+                level2 = self.linear_work(self.tree * groups) if aggregation == Aggregation.LINEAR else None
                 parts.append(level2 or self.query_work(self.tree, 1, 0, count=groups))
             return parts
-        if aggregation == "baseline":
+        if aggregation == Aggregation.BASELINE:
             return [self.tokenizer_work(channels), self.query_work(channels, tp)]
         parts = [self.tokenizer_work(channels, groups)]
         per_group = max(1, channels // groups)
-        if aggregation == "linear":
+        if aggregation == Aggregation.LINEAR:
             return (
                 parts
                 + [self.linear_work(channels, self.tree)]
@@ -296,7 +297,7 @@ class Workload:
         return parts + [self.query_work(per_group, 1, self.tree, count=groups)]
 
     def _fuses(self, aggregation: str, tp: int) -> bool:
-        return self.fused and not (aggregation == "baseline" and tp > 1)
+        return self.fused and not (aggregation == Aggregation.BASELINE and tp > 1)
 
     def fused_work(self, channels: int, aggregation: str, calls: int) -> Work:
         """Tokenizing and aggregating ``channels`` channels in ``calls`` absorbed aggregations
@@ -304,7 +305,7 @@ class Workload:
         (query) or one contraction of the pixels (linear), the absorbed weights formed once."""
         n, k, d, h = self.batch * self.tokens, self.patch_size**2, self.embed_dim, self.num_heads
         ab = self.act_bytes
-        if aggregation == "linear":
+        if aggregation == Aggregation.LINEAR:
             (mm, other, ops, views), flops = FUSED_LINEAR, 4 * n * channels * k * d + 6 * channels * d
         else:
             (mm, other, ops, views) = FUSED_QUERY
@@ -329,7 +330,7 @@ class Workload:
         """One rank's step; ``fsdp``: the ranks FSDP shards the optimizer state over (its
         parameters are all DTensors then)."""
         parts = self.front_work(channels, aggregation, groups, tp)
-        if aggregation != "baseline":
+        if aggregation != Aggregation.BASELINE:
             parts.append(self.query_work(final_inputs, tp))
         parts += [self.block_work(tp)] * self.depth + [self.head_work()]
         tensors = (
@@ -368,10 +369,14 @@ class Workload:
             return self.fused_activations(channels, aggregation, groups)
         inputs = p2 / self.embed_dim if self.input_copies is None else self.input_copies
         package = self.token_copies is None
-        tokens = (p2 + 1) / self.embed_dim + (2 if aggregation == "linear" else 1) if package else self.token_copies
-        if aggregation == "cross":
+        tokens = (
+            (p2 + 1) / self.embed_dim + (2 if aggregation == Aggregation.LINEAR else 1)
+            if package
+            else self.token_copies
+        )
+        if aggregation == Aggregation.CROSS:
             aggregate = self.cross_copies
-        elif aggregation == "baseline":
+        elif aggregation == Aggregation.BASELINE:
             extra = self.cross_copies if self.baseline_cross_copies is None else self.baseline_cross_copies
             kept = min(self.cross_replicated, extra)
             aggregate = kept + (extra - kept) / tp
@@ -392,10 +397,10 @@ class Workload:
         from ..model.fused import CHUNK_ELEMENTS
 
         n, k, d, h = self.batch * self.tokens, self.patch_size**2, self.embed_dim, self.num_heads
-        query = aggregation != "linear"
+        query = aggregation != Aggregation.LINEAR
         kept = n * channels * (k * self.act_bytes + (4 * h if query else 0))
         weights = channels * k * d * (self.act_bytes + 4)
-        calls = groups * (self.tree or 1) if aggregation != "baseline" else 1
+        calls = groups * (self.tree or 1) if aggregation != Aggregation.BASELINE else 1
         per_call = n * (channels // calls) * k * (h if query else 1)
         return kept + weights + (2 * 4 * min(CHUNK_ELEMENTS, per_call) if query else 0)
 

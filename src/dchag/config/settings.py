@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import types
 import typing
 from dataclasses import dataclass
 
+from ..vocabulary import Aggregation, DataParallel, Strategy, Task
 from .limits import ConfigError
 from .schema import validate
 
@@ -28,7 +30,7 @@ class ModelSettings:
     depth: int
     num_heads: int
     mlp_ratio: float
-    aggregation: str
+    aggregation: Aggregation
     groups: int | None
     tree: int
     channel_embedding: str
@@ -39,8 +41,8 @@ class ModelSettings:
 @dataclass(frozen=True)
 class ParallelSettings:
     tp: int
-    strategy: str
-    data_parallel: str  # fsdp | ddp | none (the degree is the processes over tp)
+    strategy: Strategy
+    data_parallel: DataParallel  # the degree is the processes over tp
     activation_checkpointing: bool
     precision: str
     fsdp_reshard_after_forward: bool
@@ -148,7 +150,7 @@ class RunSettings(Settings):
     """One training run: the top-level sections with the run's overrides merged in."""
 
     run: str
-    task: str
+    task: Task
     init_from: str | None  # a run name or an exported model folder
     channels: list[str] | None  # forecast runs: a subset of the era5 channels
 
@@ -174,6 +176,9 @@ def _build(cls, value, where: str):
             else []
         )
         target = hint if dataclasses.is_dataclass(hint) else (sub[0] if sub else None)
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            kwargs[name] = hint(v)  # a vocabulary value, checked by the schema's enum
+            continue
         kwargs[name] = (
             _build(target, v, f"{where}.{name}") if target is not None and v is not None else copy.deepcopy(v)
         )
@@ -254,7 +259,7 @@ def run_settings(config: dict, run: str) -> RunSettings:
     return RunSettings(
         **{f.name: getattr(base, f.name) for f in dataclasses.fields(Settings)},
         run=run,
-        task=merged["train"]["runs"][run]["task"],
+        task=Task(merged["train"]["runs"][run]["task"]),
         init_from=merged["train"]["runs"][run].get("init_from"),
         channels=merged["train"]["runs"][run].get("channels"),
     )

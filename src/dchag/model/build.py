@@ -9,6 +9,7 @@ settings with ``dchag.config.model_settings``).
 from __future__ import annotations
 
 from ..config import ConfigError, ModelSettings, model_settings
+from ..vocabulary import Aggregation
 from .model import ModelConfig
 
 
@@ -24,7 +25,7 @@ def model_config(
 ) -> ModelConfig:
     """The model of a ``model`` section for ``in_channels`` channels of ``img_size``; the
     hierarchical aggregation has ``model.groups`` groups, or one per tensor-parallel rank."""
-    hierarchical = model.aggregation != "baseline"
+    hierarchical = model.aggregation != Aggregation.BASELINE
     try:
         return ModelConfig(
             in_channels=in_channels,

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..vocabulary import MODEL_VARIANTS, VARIANTS, Strategy
+from ..vocabulary import MODEL_VARIANTS, VARIANTS, Aggregation, Strategy
 from .model import ChannelViT, ModelConfig
 
 PARTS = ("tokenizer", "partial aggregators", "final aggregation", "backbone", "head")
@@ -50,7 +50,7 @@ def describe(cfg: ModelConfig, groups: int) -> list[dict]:
     rows = []
     for label, vcfg in variants(cfg, groups):
         counts = count_parameters(ChannelViT(vcfg))
-        per_group = counts["partial aggregators"] // groups if vcfg.aggregation != "baseline" else 0
+        per_group = counts["partial aggregators"] // groups if vcfg.aggregation != Aggregation.BASELINE else 0
         rows.append({"variant": label, **counts, "partial aggregator per group": per_group})
     return rows
 

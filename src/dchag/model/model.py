@@ -61,7 +61,7 @@ class ModelConfig:
             raise ModelError(f"model.aggregation {self.aggregation!r}: expected one of {', '.join(AGGREGATIONS)}")
         if self.task not in TASKS:
             raise ModelError(f"model.task {self.task!r}: expected one of {', '.join(TASKS)}")
-        if self.aggregation != "baseline" and not 1 <= self.groups <= self.in_channels:
+        if self.aggregation != Aggregation.BASELINE and not 1 <= self.groups <= self.in_channels:
             raise ModelError(f"model.groups {self.groups} must be between 1 and the {self.in_channels} input channels")
         HEADS[self.task].check(self)
         if self.wavelengths is not None and len(self.wavelengths) != self.in_channels:
@@ -93,7 +93,7 @@ class ChannelViT(nn.Module):
         self.cfg = cfg
         d = cfg.embed_dim
         self.tokenizer = ChannelTokenizer(cfg.in_channels, d, cfg.patch_size, cfg.wavelengths)
-        if cfg.aggregation == "baseline":
+        if cfg.aggregation == Aggregation.BASELINE:
             self.groups: list[tuple[int, int]] = []
             self.partial = None
         else:

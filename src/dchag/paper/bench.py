@@ -36,7 +36,7 @@ from ..parallel.dims import collective_device
 from ..parallel.parallelize import autocast, resolve_precision
 from ..train.memory import KINDS, MIB, step_peak
 from ..train.tasks import Task
-from ..vocabulary import VARIANTS
+from ..vocabulary import VARIANTS, MeshAxis
 from .sweep import FRONT_VARIANTS, Point
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
     core = model
     front_only = p.variant in FRONT_VARIANTS
     batch = _synthetic_batch(p, core, mesh, device)
-    tp_group = mesh["tp"].get_group() if mesh is not None else None
+    tp_group = mesh[MeshAxis.TP].get_group() if mesh is not None else None
     opt = None if front_only else torch.optim.AdamW(model.parameters(), lr=1e-4)
     step, front_step = _step_functions(p, model, core, opt, device, precision, tp_group, batch)
     for _ in range(warmup):
@@ -191,7 +191,7 @@ def _synthetic_batch(p: Point, core, mesh, device: torch.device) -> tuple:
     channels."""
     ids = core.tokenizer.channel_ids.cpu()
     g = torch.Generator().manual_seed(1)
-    dp_rank = mesh["dp"].get_local_rank() if mesh is not None else 0
+    dp_rank = mesh[MeshAxis.DP].get_local_rank() if mesh is not None else 0
     # drawn on the CPU (the same numbers on any device), then moved to the training device
     x_all = torch.randn(p.batch * p.dp, p.channels, *p.image, generator=g, device="cpu")[
         dp_rank * p.batch : (dp_rank + 1) * p.batch

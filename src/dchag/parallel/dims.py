@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..layout import data_parallel_size
+from ..vocabulary import MeshAxis
 
 
 def init_distributed() -> tuple[str, torch.device]:
@@ -80,4 +81,4 @@ class ParallelDims:
 
 def build_mesh(device_type: str, dp: int, tp: int) -> DeviceMesh:
     """The ("dp", "tp") mesh of ``dp * tp`` processes: tensor-parallel groups of consecutive ranks."""
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=tuple(a.value for a in MeshAxis))

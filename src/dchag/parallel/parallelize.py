@@ -31,7 +31,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from ..config import ParallelSettings
 from ..layout import ParallelConfigError
 from ..model.model import ChannelViT
-from ..vocabulary import Strategy
+from ..vocabulary import DataParallel, MeshAxis, Strategy
 from .collectives import gather_groups
 from .dims import ParallelDims
 from .names import canonical, holds_channel_block, unwrap
@@ -148,19 +148,19 @@ def parallelize_model(
         raise ParallelConfigError(f"parallel.strategy {parallel.strategy!r}: expected one of {', '.join(STRATEGIES)}")
     broadcast_parameters(model)
     if mesh is not None and dims.tp > 1:
-        (apply_dchag if parallel.strategy == "dchag" else apply_tp)(model, mesh["tp"])
+        (apply_dchag if parallel.strategy == Strategy.DCHAG else apply_tp)(model, mesh[MeshAxis.TP])
     if freeze is not None:
         freeze(model)
     if parallel.activation_checkpointing:
         apply_activation_checkpointing(model)
     comm_hook = parallel.comm_hook
     if mesh is not None and dims.dp > 1:
-        if dims.dp_mode == "fsdp":
-            apply_fsdp(model, mesh["dp"], param_dtype, parallel.fsdp_reshard_after_forward)
-        elif dims.dp_mode == "ddp":
+        if dims.dp_mode == DataParallel.FSDP:
+            apply_fsdp(model, mesh[MeshAxis.DP], param_dtype, parallel.fsdp_reshard_after_forward)
+        elif dims.dp_mode == DataParallel.DDP:
             ddp = nn.parallel.DistributedDataParallel(
                 model,
-                process_group=mesh["dp"].get_group(),
+                process_group=mesh[MeshAxis.DP].get_group(),
                 bucket_cap_mb=parallel.ddp_bucket_mb,
                 find_unused_parameters=find_unused_parameters,
             )
@@ -169,7 +169,7 @@ def parallelize_model(
 
                 hook = CompressionHook(
                     comm_hook if comm_hook != "none" else "allreduce",
-                    mesh["dp"].get_group(),
+                    mesh[MeshAxis.DP].get_group(),
                     parallel.powersgd_rank,
                     timed=timed_ddp,
                 )

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..errors import DchagError
 from ..model.file import Model
+from ..vocabulary import MeshAxis
 
 
 class PredictError(DchagError, ValueError):
@@ -88,5 +89,5 @@ def lay_out(model: Model) -> Layout:
     settings = parallel_settings(tp=tp, strategy=strategy, data_parallel="none", activation_checkpointing=False)
     net = parallelize_model(net, ParallelDims(tp, "none", tp), mesh, settings)
     return Layout(
-        net, dist.get_rank(), world, mesh["dp"].get_local_rank(), world // tp, net.tokenizer.channel_ids, device
+        net, dist.get_rank(), world, mesh[MeshAxis.DP].get_local_rank(), world // tp, net.tokenizer.channel_ids, device
     )

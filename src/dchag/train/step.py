@@ -22,6 +22,7 @@ from ..config import ConfigError, RunSettings
 from ..errors import DchagError
 from ..parallel.names import canonical
 from ..parallel.parallelize import autocast, clip_grad_norm_
+from ..vocabulary import Aggregation, Strategy
 from .metrics import StepTimes
 from .tasks import Task
 
@@ -52,7 +53,7 @@ def _groups(model: torch.nn.Module, cfg: RunSettings, model_cfg, tp: int) -> lis
     t, rot = cfg.train, cfg.train.rotation
     if rot is None:
         return [{"params": list(model.parameters())}]
-    if model_cfg.aggregation == "baseline" or tp > 1 or cfg.parallel.strategy == "dchag":
+    if model_cfg.aggregation == Aggregation.BASELINE or tp > 1 or cfg.parallel.strategy == Strategy.DCHAG:
         raise ConfigError(
             f"run {cfg.run!r}: train.rotation needs a hierarchical model (model.aggregation linear "
             f"or cross, model.groups) with parallel.strategy baseline and tp 1"

@@ -38,6 +38,7 @@ from ..model import ChannelViT
 from ..parallel import ParallelDims, init_distributed, parallelize_model
 from ..parallel.names import unwrap
 from ..parallel.parallelize import autocast, resolve_precision
+from ..vocabulary import Aggregation, MeshAxis, Strategy
 from . import checkpoint as ckpt
 from . import finetune, state
 from .data import DataError, ResumableSampler, collate
@@ -80,7 +81,7 @@ class Trainer:
         self.out = Path(outdir)
         t, par = self.cfg.train, self.cfg.parallel
         self.task = build_task(self.cfg, stores)
-        if par.strategy == "dchag" and self.task.model_cfg.aggregation == "baseline":
+        if par.strategy == Strategy.DCHAG and self.task.model_cfg.aggregation == Aggregation.BASELINE:
             raise ConfigError(f"run {run!r}: parallel.strategy dchag needs model.aggregation linear or cross")
         self.backend, self.device = init_distributed()
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -124,7 +125,7 @@ class Trainer:
         )
         self.compression = getattr(self.model, "compression", None)
         core = unwrap(self.model)
-        self.tp_group = self.mesh["tp"].get_group() if self.dims.tp > 1 else None
+        self.tp_group = self.mesh[MeshAxis.TP].get_group() if self.dims.tp > 1 else None
         # Only under D-CHAG does a rank hold a slice of the channels (the MAE target needs all).
         self.channel_group = self.tp_group if core.group_gather is not None else None
         return core
@@ -183,7 +184,7 @@ class Trainer:
         channels = core.tokenizer.channel_ids.tolist()  # each rank reads only its tokenizer's channels
         self.train_set = self.task.dataset("train", channels, self.seed)
         self.val_set = self.task.dataset("val", channels, self.seed + 1)
-        dp_rank = self.mesh["dp"].get_local_rank()
+        dp_rank = self.mesh[MeshAxis.DP].get_local_rank()
         self.batch = self.cfg.train.batch_size
         check_splits(self.task, len(self.train_set), len(self.val_set), self.dims.dp, self.batch)
         self.sampler = ResumableSampler(len(self.train_set), self.dims.dp, dp_rank, self.seed)
