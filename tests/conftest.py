@@ -49,9 +49,10 @@ def era5_files(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data_root(tmp_path_factory):
-    """Tiny ERA5 train/val stores (10 daily steps each) made by the real preprocessing."""
+    """Tiny ERA5 train/val stores (10 daily steps each) made by the real preprocessing; made once
+    per test process and only read by the tests (a test that changes a store copies it)."""
     raw = tmp_path_factory.mktemp("raw")
     for year in (2001, 2002, 2003):
         demo.write_year(raw, year, 3.75, [500, 850], days=12)
