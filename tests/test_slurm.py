@@ -77,12 +77,18 @@ SLURM_ARGS = [
 
 
 def _final_tensors(run_dir: Path) -> dict:
+    """The final checkpoint's weights as one device's model (a forecast model's shape is the
+    config's: no store needed)."""
     from dchag.config import load_config
-    from dchag.predict.artifact import from_run
+    from dchag.model import ChannelViT
+    from dchag.runs import resolve
+    from dchag.train import checkpoint as ckpt
+    from dchag.train.tasks import build_task
 
-    config = load_config(str(run_dir.parents[3] / "small.yaml"))
-    model = from_run(config, RUN, run_dir / "final", run_dir.parents[1] / "era5" / "train.zarr")
-    return {k: v.detach().clone() for k, v in model.network.state_dict().items()}
+    run = resolve(load_config(str(run_dir.parents[3] / "small.yaml")), RUN)
+    model = ChannelViT(build_task(run.settings, {}).model_cfg)
+    ckpt.load_weights(model, run_dir / "final")
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tmp_path):
