@@ -65,18 +65,17 @@ def _check_hsi(hsi: dict, source: str) -> None:
 
     present = [sub for sub in HSI_FILES if sub in hsi]
     if not present:
-        raise ConfigError(f"{source}: key 'hsi' needs a section of its own per task: {' or '.join(HSI_FILES)}")
-    wanted = {}
+        raise ConfigError(f"{source}: key 'hsi' needs a {' or '.join(repr(s) for s in HSI_FILES)} section")
+    wanted = {}  # section -> the files it names
     for sub in present:
         if not np.isclose(sum(hsi[sub].get("fractions", [1, 0, 0])), 1.0):
             raise ConfigError(f"{source}: key 'hsi.{sub}.fractions' must sum to 1, got {hsi[sub]['fractions']}")
-        for key in HSI_FILES[sub]:
-            value = hsi[sub][key]
-            wanted[f"hsi.{sub}"] = wanted.get(f"hsi.{sub}", []) + (value if isinstance(value, list) else [value])
+        values = [hsi[sub][key] for key in HSI_FILES[sub]]
+        wanted[sub] = [p for v in values for p in (v if isinstance(v, list) else [v])]
     if hsi.get("demo"):  # the demo writes a scene's files where they are named (its images: a rule's folder)
-        for key, paths in wanted.items():
-            if "images" not in hsi[key.removeprefix("hsi.")]:
-                _check_generated(paths, key, source)
+        for sub, paths in wanted.items():
+            if "images" not in HSI_FILES[sub]:
+                _check_generated(paths, f"hsi.{sub}", source)
         return
     missing = [p for p in dict.fromkeys(p for paths in wanted.values() for p in paths) if not glob.glob(p)]
     if missing:
