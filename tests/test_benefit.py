@@ -120,6 +120,13 @@ def test_fit_recovers_alpha_and_bandwidth():
     pts = [(s, 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bw) for s in (1e3, 1e5, 1e6, 1e7)]
     f = fit(pts, n, "all_reduce")
     assert f["alpha"] == pytest.approx(alpha, rel=1e-6) and f["bw"] == pytest.approx(bw, rel=1e-6)
+    # 10 % of noise on the two largest messages (2 ms on 20 ms, against a 0.12 ms latency) must not
+    # swamp the latency the small messages show: an unweighted fit put it below zero, then at 0.
+    noise = {4**12: 0.9, 4**13: 1.1}
+    exact = [(4**k, 2 * (n - 1) * alpha + 2 * (n - 1) / n * 4**k / bw) for k in range(5, 14)]
+    noisy = [(s, t * noise.get(s, 1)) for s, t in exact]
+    f = fit(noisy, n, "all_reduce")
+    assert f["alpha"] == pytest.approx(alpha, rel=0.1) and f["bw"] == pytest.approx(bw, rel=0.05)
 
 
 @pytest.mark.integration
