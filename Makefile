@@ -27,8 +27,8 @@ demo: $(STAMP)
 
 # The test suite, exactly as CI runs it (.ci/run): three pytest-xdist workers on CI's two cores
 # (the Slurm test mostly waits on job states, so a third worker keeps both cores busy), the
-# end-to-end tests first (tests/conftest.py orders them; they share no state).
-# `make test-quick` leaves the end-to-end (integration) tests out.
+# tests marked `minutes` first, longest first, then tests/integration/, then tests/unit/
+# (tests/conftest.py orders them). `make test-quick` runs tests/unit/ alone.
 test: lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist load --maxschedchunk 1
 
@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 
 test-quick: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 -m "not integration"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 tests/unit
 
 clean:
 	rm -rf results logs resources .snakemake

@@ -10,13 +10,13 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from support import REPO
+from support.commands import planned, snakemake, workdir
 
-from dchag.config import era5_input_paths, load_config, settings, validate
+from dchag.config import load_config, settings, validate
 
 CONFIGS = sorted((REPO / "config").glob("*.yaml"))
 ERA5_RULES = {
@@ -49,39 +49,6 @@ HSI_RULES = {
     "fig_hsi_reconstruction",
     "fig_classification",
 }
-
-
-def workdir(tmp: Path, configs: list[Path]) -> Path:
-    """A checkout-like folder (the workflow linked in) with stand-in files at every input path
-    the configs name: empty files, enough for a dry run."""
-    for name in ("Snakefile", "workflow", "profiles", "config", "src", "benchmarks"):
-        (tmp / name).symlink_to(REPO / name)
-    for path in configs:
-        cfg = yaml.safe_load(path.read_text())
-        era5, hsi = cfg.get("era5") or {}, cfg.get("hsi") or {}
-        wanted = []
-        if era5 and not era5.get("demo"):
-            years = [y for split in era5["years"].values() for y in split]
-            wanted += [p.replace("*", "standin") for y in years for p in era5_input_paths(era5, y)]
-            wanted += [era5["constants"]] if era5.get("constants") else []
-        if hsi and not hsi.get("demo"):
-            if "classification" in hsi:
-                wanted += [hsi["classification"]["image"], hsi["classification"]["labels"]]
-            wanted += [p.replace("*", "standin") for p in hsi.get("mae", {}).get("images", [])]
-        for p in wanted:
-            (tmp / p).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / p).touch()
-    return tmp
-
-
-def snakemake(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True, env=env)
-
-
-def planned(out: str) -> dict[str, int]:
-    """rule -> job count from `snakemake -n --quiet rules`."""
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", out, re.M)}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -220,7 +187,7 @@ def test_readme_dchag_subcommands_exist():
                 assert words[i + 1] in subcommands, cmd
 
 
-@pytest.mark.integration
+@pytest.mark.minutes(1.5)
 def test_a_users_own_one_dataset_config_runs_through_training_and_scoring(tmp_path):
     """Another grid (2.8125 deg), another channel set, one run, the user's netCDF files: the
     whole pipeline from `snakemake --configfile mine.yaml`, nothing of the demo built. The

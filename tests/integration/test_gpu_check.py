@@ -14,10 +14,10 @@ import sys
 import tarfile
 
 import pytest
-from conftest import REPO
+from support import REPO
 
 
-@pytest.mark.integration
+@pytest.mark.minutes(3)
 def test_gpu_check_rehearses_the_device_run_on_the_cpu(tmp_path):
     device_out = tmp_path / "device_out"  # what $OUT is in a device call
     device_out.mkdir()

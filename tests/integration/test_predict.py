@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-from distributed import run_distributed
-from test_train import BIN, finish, run_config, torchrun
+from support import BIN, once
+from support.commands import finish, run_config, torchrun
+from support.distributed import run_distributed
+from support.hsi import hsi_model
 
 from dchag.cli import main
 from dchag.config import ConfigError, settings
 from dchag.model import file as model_file
 from dchag.model.file import ArtifactError
 from dchag.plan import check_run
-from dchag.predict import artifact
 
 SUBSET = ["z500", "z850", "t500", "t2m", "lsm"]  # of the fixture's z/t at 500/850, t2m, u10, lsm
 
@@ -31,50 +32,50 @@ SUBSET = ["z500", "z850", "t500", "t2m", "lsm"]  # of the fixture's z/t at 500/8
 @pytest.fixture(scope="module")
 def trained(data_root, tmp_path_factory):
     """A D-CHAG forecast run on 2 ranks (tensor-parallel, per-rank tokenizer blocks) and a
-    baseline one on a channel subset, each 10 steps; both exported."""
+    baseline one on a channel subset, each 10 steps; both exported. Trained once for all test
+    workers (the tests only read them)."""
     root, cfg = data_root
-    out = tmp_path_factory.mktemp("runs")
-    runs = {}
-    for name, extra in (
-        ("full", {"runs": {"f": {"task": "forecast"}}}),
-        (
-            "subset",
-            {
-                "runs": {
-                    "f": {
-                        "task": "forecast",
-                        "channels": SUBSET,
-                        "model": {"aggregation": "baseline"},
-                        "parallel": {"strategy": "baseline"},
-                    }
+    runs = {
+        "full": run_config(cfg, steps=10, runs={"f": {"task": "forecast"}}),
+        "subset": run_config(
+            cfg,
+            steps=10,
+            runs={
+                "f": {
+                    "task": "forecast",
+                    "channels": SUBSET,
+                    "model": {"aggregation": "baseline"},
+                    "parallel": {"strategy": "baseline"},
                 }
             },
         ),
-    ):
-        c = run_config(cfg, steps=10, **extra)
-        proc = torchrun(c, out / name, root)
-        log = finish(proc, out / name)
-        assert proc.returncode == 0, log[-3000:]
-        runs[name] = c
-        assert (
-            main(
-                [
-                    "export",
-                    "--config",
-                    json.dumps(c),
-                    "--run-name",
-                    "f",
-                    "--checkpoint",
-                    str(out / name / "final"),
-                    "--data",
-                    str(root / "era5" / "train.zarr"),
-                    "--output",
-                    str(out / f"{name}_model"),
-                ]
+    }
+
+    def make(out):
+        for name, c in runs.items():
+            proc = torchrun(c, out / name, root)
+            log = finish(proc, out / name)
+            assert proc.returncode == 0, log[-3000:]
+            assert (
+                main(
+                    [
+                        "export",
+                        "--config",
+                        json.dumps(c),
+                        "--run-name",
+                        "f",
+                        "--checkpoint",
+                        str(out / name / "final"),
+                        "--data",
+                        str(root / "era5" / "train.zarr"),
+                        "--output",
+                        str(out / f"{name}_model"),
+                    ]
+                )
+                == 0
             )
-            == 0
-        )
-    return root, out, runs
+
+    return root, once(tmp_path_factory, "predict_runs", make), runs
 
 
 def test_the_exported_model_gives_the_runs_outputs(trained):
@@ -305,34 +306,6 @@ def test_init_from_is_checked_at_plan_time(trained, tmp_path):
         plan({"a": {"task": "forecast", "channels": ["z300"]}})
 
 
-# -- hyperspectral: a classification map and reconstructions of a new image ------------------------
-def _hsi_model(tmp_path, task: str, section: dict, model: dict, **common):
-    """An untrained (seeded) model of ``task`` on a store the real preprocessing made, as
-    artifact.describe gives it (what export writes)."""
-    from test_hsi import hsi_config
-
-    from dchag.config import run_settings, validate
-    from dchag.hsi.preprocess import preprocess_from_config
-    from dchag.model import ChannelViT
-    from dchag.train.tasks import build_task
-
-    key = "classification" if task == "classification" else "mae"
-    cfg = hsi_config(key, section, preset="indian_pines", **common)
-    cfg = validate(
-        {
-            **cfg,
-            "model": model,
-            "parallel": {"tp": 1, "data_parallel": "none"},
-            "train": {"runs": {"r": {"task": task}}},
-        }
-    )
-    store = preprocess_from_config(cfg, key, tmp_path / f"{key}.zarr")
-    t = build_task(run_settings(cfg, "r"), {"train": store, "val": store})
-    torch.manual_seed(0)
-    net = ChannelViT(t.model_cfg)
-    return artifact.describe(t, store, net, {"run": "r"}), store
-
-
 def _hsi_on_ranks(rank, world, model_dir, image, output):
     from dchag.predict import hsi
 
@@ -360,7 +333,7 @@ def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_
     cube, labels, centres, _ = demo.scene(40, 40, seed=3)
     scipy.io.savemat(tmp_path / "img.mat", {"indian_pines": cube})
     scipy.io.savemat(tmp_path / "gt.mat", {"indian_pines_gt": labels})
-    model, store = _hsi_model(
+    model, store = hsi_model(
         tmp_path,
         "classification",
         {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
@@ -406,7 +379,7 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
     from dchag.hsi.readers import read_image
 
     images = demo.write_envi(tmp_path / "envi", count=2, rows=32, cols=32)
-    model, _ = _hsi_model(
+    model, _ = hsi_model(
         tmp_path,
         "mae",
         {"images": [str(p) for p in images], "tile": 16},
@@ -457,7 +430,7 @@ def test_initial_conditions_on_another_grid_are_one_error():
 
 
 def test_bands_are_matched_by_centre_and_an_mae_head_only_for_the_same_bands():
-    from parallel_checks import small_config
+    from support.parallel_checks import small_config
 
     from dchag.model.model import ChannelViT
     from dchag.predict.artifact import Model

@@ -13,18 +13,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import slurm_cluster
 import torch
 import yaml
-from conftest import REPO
+from support import REPO, slurm_cluster
+from support.commands import snakemake_command
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 RUN = "forecast-dchag"
 
 why_not = slurm_cluster.available()
 if why_not and os.environ.get("DCHAG_REQUIRE_SLURM"):
     raise RuntimeError(f"DCHAG_REQUIRE_SLURM is set but a Slurm test cluster cannot start: {why_not}")
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(why_not is not None, reason=f"Slurm test cluster: {why_not}")]
+pytestmark = [pytest.mark.minutes(7), pytest.mark.skipif(why_not is not None, reason=f"Slurm test cluster: {why_not}")]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +99,7 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
         (d / "small.yaml").write_text(config.read_text())
     log = open(tmp_path / "slurm_run.log", "w")
     run = subprocess.Popen(
-        [*SNAKEMAKE, *TARGETS, "--directory", str(remote), "--configfile", str(config), *SLURM_ARGS],
+        snakemake_command(remote, *TARGETS, *SLURM_ARGS, configfile=config),
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -176,17 +175,9 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     # truth store damaged after it was written.
     (remote / "results" / "demo" / "eval" / "era5" / "truth.zarr" / "zarr.json").write_text("damaged")
     proc = subprocess.run(
-        [
-            *SNAKEMAKE,
-            "results/demo/figures/forecast_maps.png",
-            "--directory",
-            str(remote),
-            "--configfile",
-            str(config),
-            *SLURM_ARGS,
-            "--retries",
-            "0",
-        ],
+        snakemake_command(
+            remote, "results/demo/figures/forecast_maps.png", *SLURM_ARGS, "--retries", "0", configfile=config
+        ),
         env=env,
         capture_output=True,
         text=True,

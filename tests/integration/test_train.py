@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from distributed import free_port, run_distributed
-
-BIN = Path(sys.executable).parent
+from support import BIN
+from support.commands import children, final_weights, finish, run_config, store_args, torchrun, train_once
+from support.distributed import free_port, run_distributed
 
 
 @pytest.mark.parametrize("block", ["contiguous", "scattered"])
@@ -54,79 +54,6 @@ def test_the_forecast_dataset_reads_the_same_samples_from_memory_or_zarr(data_ro
         assert all(torch.equal(a, b) for a, b in zip(d[1], zarr_read[1]))
 
 
-def _stores(root: Path) -> list[str]:
-    return ["--train-data", str(root / "era5" / "train.zarr"), "--val-data", str(root / "era5" / "val.zarr")]
-
-
-def run_config(cfg: dict, **train) -> dict:
-    out = {
-        **cfg,
-        "model": {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 4, "aggregation": "linear"},
-        "parallel": {"tp": 2, "strategy": "dchag", "data_parallel": "none"},
-        "train": {
-            "steps": 30,
-            "batch_size": 2,
-            "lr": 0.003,
-            "warmup_steps": 3,
-            "checkpoint_every": 10,
-            "val_every": 10,
-            "val_batches": 2,
-            "seed": 3,
-            "forecast": {"outputs": ["z500", "t2m"], "lead_hours": [24, 48]},
-            "runs": {"f": {"task": "forecast"}},
-        },
-    }
-    out["train"].update(train)
-    return out
-
-
-def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
-    cmd = [
-        str(BIN / "torchrun"),
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "--max-restarts",
-        str(restarts),
-        "--monitor-interval",
-        "0.5",
-        "-m",
-        "dchag",
-        "train",
-        "--config",
-        json.dumps(cfg),
-        "--run-name",
-        "f",
-        "--output",
-        str(outdir),
-        *_stores(root),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    outdir.mkdir(parents=True, exist_ok=True)
-    log = open(outdir.parent / f"{outdir.name}.out", "w")  # a file, not a pipe: a full pipe would block the run
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-
-
-def finish(proc: subprocess.Popen, outdir: Path) -> str:
-    proc.wait(timeout=300)
-    return (outdir.parent / f"{outdir.name}.out").read_text()
-
-
-def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = run / "final.pt"
-    dcp_to_torch_save(str(run / "final"), str(out))
-    return {k: v for k, v in torch.load(out, weights_only=True).items() if k.startswith(("model.", "optim."))}
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
 def test_sigkill_a_worker_then_resume_equals_uninterrupted_run(data_root, tmp_path):
     root, base = data_root
     cfg = run_config(base)
@@ -140,7 +67,7 @@ def test_sigkill_a_worker_then_resume_equals_uninterrupted_run(data_root, tmp_pa
     victim = None
     while time.time() < deadline and victim is None:
         if log.exists() and len(log.read_text().splitlines()) > 15:  # past the step-10 checkpoint
-            workers = _children(killed.pid)
+            workers = children(killed.pid)
             if len(workers) == 2:
                 victim = max(workers)
                 os.kill(victim, signal.SIGKILL)
@@ -177,35 +104,6 @@ def _tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def _cli(cfg, tmp_path, root):
-    env = {
-        **os.environ,
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dchag",
-            "train",
-            "--config",
-            json.dumps(cfg),
-            "--run-name",
-            "f",
-            "--output",
-            str(tmp_path / "run"),
-            *_stores(root),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-
-
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -223,7 +121,7 @@ def test_bad_training_inputs(data_root, tmp_path, edit, message):
     cfg = json.loads(json.dumps(run_config(base)))
     cfg["parallel"]["tp"] = 1
     edit(cfg)
-    proc = _cli(cfg, tmp_path, root)
+    proc = train_once(cfg, tmp_path, root)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "final").exists() and not (tmp_path / "run" / "log.csv").exists()
@@ -553,7 +451,7 @@ def test_single_process_groups_need_no_port():
     assert [o.strip().splitlines()[-1] for o, _ in outs] == ["1", "1"]
 
 
-@pytest.mark.integration
+@pytest.mark.minutes(1)
 def test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group(data_root, tmp_path):
     """Two `dchag launch-train` agents, one per "node", started with the environment srun gives
     one task per node (SLURM_*; c10d rendezvous on the first node), form one 4-rank group —
@@ -596,7 +494,7 @@ def test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group(data_root, t
                     "f",
                     "--output",
                     str(tmp_path / "two"),
-                    *_stores(root),
+                    *store_args(root),
                     "--max-restarts",
                     "0",
                 ],

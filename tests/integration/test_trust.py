@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_train import _children, _cli, finish, run_config, torchrun
+from support.commands import children, finish, mount, run_config, short_run, torchrun, train_once
 
 from dchag.train import checkpoint as ckpt
 
@@ -162,7 +162,7 @@ def test_training_stops_at_the_first_non_finite_step(data_root, tmp_path, how):
         data = root
     else:
         data = _poisoned_store(root, tmp_path, how)
-    proc = _cli(cfg, tmp_path, data)
+    proc = train_once(cfg, tmp_path, data)
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert "run f: step" in line and "gradient norm" in line and "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -227,14 +227,6 @@ def test_forecast_pairs_never_span_a_gap_between_years(data_root, tmp_path):
         assert times[target] - times[anchor] == pd.Timedelta(hours=lead), (i, times[anchor], times[target])
 
 
-# -- checkpoints and logs are never lost -----------------------------------------------------------------
-def _short(base, **train):
-    """A run of one process (the checkpoint policy is the same on any layout)."""
-    cfg = run_config(base, checkpoint_every=2, val_every=2, keep_checkpoints=2, nproc=1, **train)
-    cfg["parallel"] = {"tp": 1, "strategy": "baseline", "data_parallel": "none"}
-    return cfg
-
-
 def _rows(run: Path) -> list[dict]:
     import csv
 
@@ -245,7 +237,7 @@ def _rows(run: Path) -> list[dict]:
 def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path):
     root, base = data_root
     out = tmp_path / "run"
-    text = finish(torchrun(_short(base, steps=8), out, root, nproc=1), out)
+    text = finish(torchrun(short_run(base, steps=8), out, root, nproc=1), out)
     ckpts = out / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_4", "step_6"], text[-2000:]  # keep_checkpoints 2
     first = _rows(out)
@@ -261,7 +253,7 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
     (out / ".final.tmp").mkdir()
     shard = max((p for p in (ckpts / "step_6").iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    text = finish(torchrun(_short(base, steps=10), out, root, nproc=1), out)
+    text = finish(torchrun(short_run(base, steps=10), out, root, nproc=1), out)
     assert "checkpoint" in text and "step_6 is damaged" in text and "truncated" in text, text[-3000:]
     assert "resuming from" in text and text.count("(step 4)") == 1, text[-3000:]
     second = _rows(out)
@@ -272,7 +264,7 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
     assert (aside / "step_6").is_dir() and "damaged" in (aside / "why.txt").read_text()
 
     # Fewer steps than the newest checkpoint: it is kept, not used; final/ holds step 3.
-    text = finish(torchrun(_short(base, steps=3), out, root, nproc=1), out)
+    text = finish(torchrun(short_run(base, steps=3), out, root, nproc=1), out)
     assert "lie beyond it and are not used" in text, text[-3000:]
     info = json.loads((out / "run.json").read_text())
     assert info["final_step"] == 3 and [r["step"] for r in _rows(out)] == ["1", "2", "3"]
@@ -280,7 +272,7 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
 
     # A damaged fingerprint: that checkpoint is moved aside, the previous one resumed.
     (ckpts / "step_8" / "fingerprint.json").write_text('{"task": "fore')
-    text = finish(torchrun(_short(base, steps=10), out, root, nproc=1), out)
+    text = finish(torchrun(short_run(base, steps=10), out, root, nproc=1), out)
     assert "step_8 is damaged" in text and "not readable JSON" in text and "(step 6)" in text, text[-3000:]
 
 
@@ -297,7 +289,7 @@ def test_the_fingerprint_covers_only_what_the_run_reads():
     """Renaming classes, moving input files or another time chunk make the same stores: an
     MAE run's fingerprint (config part) is the same; its data part comes from the store."""
     import yaml
-    from conftest import REPO
+    from support import REPO
 
     from dchag.config import run_settings, validate
 
@@ -369,9 +361,9 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "log.csv.partial").exists():
         time.sleep(0.2)
-    workers = _children(first.pid)
+    workers = children(first.pid)
     assert len(workers) == 2, finish(first, out)[-3000:]
-    second = _cli(run_config(base, steps=400), tmp_path, root)  # the same run directory (tmp_path/run)
+    second = train_once(run_config(base, steps=400), tmp_path, root)  # the same run directory (tmp_path/run)
     assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr[-2000:]
     assert "Traceback" not in second.stderr
     os.kill(first.pid, signal.SIGKILL)  # the launcher, as a cluster's job kill or an OOM killer does
@@ -391,18 +383,10 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
     assert lock.exists()
 
 
-# -- a full or read-only disk -----------------------------------------------------------------------------
-def _mount(path: Path, options: str) -> bool:
-    path.mkdir()
-    return (
-        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
-    )
-
-
 @pytest.fixture
 def small_disks(tmp_path):
     full, ro = tmp_path / "full", tmp_path / "ro"
-    if os.geteuid() != 0 or not (_mount(full, "size=64k") and _mount(ro, "size=64k,ro")):
+    if os.geteuid() != 0 or not (mount(full, "size=64k") and mount(ro, "size=64k,ro")):
         pytest.skip("mounting a small or read-only tmpfs needs root")
     yield full, ro
     for p in (full, ro):
@@ -431,7 +415,7 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(data_root, smal
         assert not list(disk.glob("*truth*")), list(disk.iterdir())
     cfg = run_config(base, steps=4, checkpoint_every=2, val_every=2)
     cfg["parallel"] = {"tp": 1, "strategy": "baseline", "data_parallel": "none"}
-    proc = _cli(cfg, full, root)  # writes full / "run"
+    proc = train_once(cfg, full, root)  # writes full / "run"
     assert proc.returncode == 2 and "cannot write" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[
         -2000:
     ]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from test_train import run_config
+from support.commands import run_config
 
 from dchag.train.lock import RunLock
 
@@ -141,7 +141,7 @@ def test_an_empty_validation_split_is_named_before_training(tmp_path):
     """A store whose val group is empty was reported as a NaN validation loss at the first
     validation: `train` and `launch-train` name the split and store before any step; the plan
     refuses split fractions that leave it empty."""
-    from test_hsi import make_tiles
+    from support.hsi import make_tiles
 
     from dchag.config import ConfigError
     from dchag.hsi import demo

@@ -4,7 +4,6 @@ the old final/; a failed write is one line naming the target, whatever the libra
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
@@ -16,41 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-from test_train import _cli
-from test_trust import _mount, _short
+from support.commands import dchag, digest, mount, one_line, short_run, train_once
 
 from dchag.store import OutputError, open_zarr, write_zarr
-
-
-def _digest(path: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``path`` (or of the file), by relative name."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return {
-        str(p.relative_to(path) if path.is_dir() else p.name): hashlib.sha256(p.read_bytes()).hexdigest() for p in files
-    }
-
-
-def _dchag(*args: str, limit: int | None = None) -> subprocess.CompletedProcess:
-    """``dchag ARGS`` in a subprocess; ``limit``: its file size limit in bytes (``ulimit -f``)."""
-
-    def limited():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    return subprocess.run(
-        [sys.executable, "-m", "dchag", *args],
-        capture_output=True,
-        text=True,
-        preexec_fn=limited if limit else None,
-    )
-
-
-def _one_line(proc: subprocess.CompletedProcess, *words: str) -> None:
-    """Exit status 2 and one line of error (after any progress bars) holding ``words``."""
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in proc.stderr and last.startswith("dchag "), proc.stderr[-3000:]
-    for w in words:
-        assert w in last, proc.stderr[-3000:]
 
 
 # -- outputs are owned ---------------------------------------------------------------------------------------
@@ -84,11 +51,11 @@ def test_a_writer_replaces_only_an_earlier_output_of_its_own_kind(tmp_path):
         a_file: "refusing to replace the file",
     }
     for path, why in expected.items():
-        before = _digest(path)
+        before = digest(path)
         with pytest.raises(OutputError, match=why) as err:
             write_zarr(ds, path, kind="forecast")
         assert str(path) in str(err.value) and "\n" not in str(err.value)
-        assert _digest(path) == before, path
+        assert digest(path) == before, path
         assert not list(tmp_path.glob(f".{path.name}.tmp-*"))
     with pytest.raises(OutputError, match="contains the input"):
         write_zarr(ds, tmp_path, kind="forecast", inputs=[other_kind])
@@ -106,12 +73,12 @@ def stores(data_root):
 
 def test_commands_refuse_their_inputs_run_directories_and_foreign_paths(stores, tmp_path):
     root, base, val = stores
-    before = _digest(val)
+    before = digest(val)
     truth = ["era5-truth", "--data", str(val), "--variables", "z500", "--output"]
     # the output is the input, or a folder holding it
-    _one_line(_dchag(*truth, str(val)), f"output {val} is the input {val}")
-    _one_line(_dchag(*truth, str(val.parent)), "contains the input")
-    assert _digest(val) == before
+    one_line(dchag(*truth, str(val)), f"output {val} is the input {val}")
+    one_line(dchag(*truth, str(val.parent)), "contains the input")
+    assert digest(val) == before
     # a run directory, an unrelated folder, a store of another kind
     run = tmp_path / "run"
     (run / "checkpoints" / "step_2").mkdir(parents=True)
@@ -121,30 +88,30 @@ def test_commands_refuse_their_inputs_run_directories_and_foreign_paths(stores, 
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     for path in (run, mine, val.parent / "train.zarr"):
-        kept = _digest(path)
-        _one_line(_dchag(*truth, str(path)), f"refusing to replace {path}")
-        assert _digest(path) == kept
+        kept = digest(path)
+        one_line(dchag(*truth, str(path)), f"refusing to replace {path}")
+        assert digest(path) == kept
     # the pipeline's own rerun replaces its earlier output
     out = tmp_path / "truth.zarr"
     for _ in range(2):
-        proc = _dchag(*truth, str(out))
+        proc = dchag(*truth, str(out))
         assert proc.returncode == 0, proc.stderr[-3000:]
     # export into the run folder it exports (its checkpoint is inside): refused before any work
-    cfg = json.dumps(_short(base))
-    kept = _digest(run)
+    cfg = json.dumps(short_run(base))
+    kept = digest(run)
     export = ["export", "--config", cfg, "--run-name", "f", "--checkpoint", str(run / "final"), "--output", str(run)]
-    _one_line(_dchag(*export), f"output {run} contains the input {run / 'final'}")
-    assert _digest(run) == kept
+    one_line(dchag(*export), f"output {run} contains the input {run / 'final'}")
+    assert digest(run) == kept
     # predict with --output the image it reads
     image = tmp_path / "scene.tif"
     image.write_bytes(b"II*\0 an image")
-    proc = _dchag("predict", "--model", str(mine), "--image", str(image), "--output", str(image))
-    _one_line(proc, f"output {image} is the input {image}")
+    proc = dchag("predict", "--model", str(mine), "--image", str(image), "--output", str(image))
+    one_line(proc, f"output {image} is the input {image}")
     assert image.read_bytes() == b"II*\0 an image"
     # preprocess-hsi into the product's own folder
     hdr = mine / "image.hdr"
     hdr.write_text("ENVI\n")
-    _one_line(_dchag("preprocess-hsi", str(hdr), "--output", str(mine)), "contains the input")
+    one_line(dchag("preprocess-hsi", str(hdr), "--output", str(mine)), "contains the input")
     assert (mine / "notes.txt").read_text() == "keep me"
 
 
@@ -177,15 +144,15 @@ def test_the_run_lock_follows_no_link_and_is_a_regular_file(data_root, tmp_path)
     lock = tmp_path / "run" / ".lock"
     lock.parent.mkdir()
     lock.symlink_to(victim)
-    proc = _cli(_short(base, steps=2), tmp_path, root)  # dchag train into tmp_path/run
-    _one_line(proc, f"{lock} is a symbolic link")
+    proc = train_once(short_run(base, steps=2), tmp_path, root)  # dchag train into tmp_path/run
+    one_line(proc, f"{lock} is a symbolic link")
     assert victim.read_text() == "precious\n"
     with pytest.raises(LockFileError, match="symbolic link"):
         RunLock(lock.parent).check_free()
     lock.unlink()
     lock.mkdir()
-    proc = _cli(_short(base, steps=2), tmp_path, root)
-    _one_line(proc, f"{lock} is a directory")
+    proc = train_once(short_run(base, steps=2), tmp_path, root)
+    one_line(proc, f"{lock} is a directory")
     fifo = tmp_path / "other" / ".lock"
     fifo.parent.mkdir()
     os.mkfifo(fifo)
@@ -197,18 +164,18 @@ def test_the_run_lock_follows_no_link_and_is_a_regular_file(data_root, tmp_path)
 def test_a_config_change_moves_the_old_final_and_its_record_aside(data_root, tmp_path):
     root, base = data_root
     out = tmp_path / "run"
-    proc = _cli(_short(base, steps=4), tmp_path, root)
+    proc = train_once(short_run(base, steps=4), tmp_path, root)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    old = {name: _digest(out / name) for name in ("final", "log.csv", "run.json")}
-    proc = _cli(_short(base, steps=4, lr=0.001), tmp_path, root)
+    old = {name: digest(out / name) for name in ("final", "log.csv", "run.json")}
+    proc = train_once(short_run(base, steps=4, lr=0.001), tmp_path, root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (aside,) = (out / "superseded").iterdir()
-    assert {name: _digest(aside / name) for name in old} == old  # the old model, by SHA-256
+    assert {name: digest(aside / name) for name in old} == old  # the old model, by SHA-256
     assert "train.lr: 0.003 -> 0.001" in (aside / "why.txt").read_text()
-    assert _digest(out / "final") != old["final"]
+    assert digest(out / "final") != old["final"]
     assert json.loads((out / "run.json").read_text())["train"]["lr"] == 0.001
     # the same configuration again: final/ and its record stay where they are
-    proc = _cli(_short(base, steps=4, lr=0.001), tmp_path, root)
+    proc = train_once(short_run(base, steps=4, lr=0.001), tmp_path, root)
     assert proc.returncode == 0 and len(list((out / "superseded").iterdir())) == 1, proc.stderr[-3000:]
 
 
@@ -216,14 +183,14 @@ def test_a_config_change_moves_the_old_final_and_its_record_aside(data_root, tmp
 def test_a_file_size_limit_is_a_write_error_naming_the_target(stores, tmp_path):
     root, base, val = stores
     out = tmp_path / "truth.zarr"
-    proc = _dchag("era5-truth", "--data", str(val), "--variables", "z500", "--output", str(out), limit=4096)
-    _one_line(proc, f"cannot write {out}", "File too large")
+    proc = dchag("era5-truth", "--data", str(val), "--variables", "z500", "--output", str(out), limit=4096)
+    one_line(proc, f"cannot write {out}", "File too large")
     assert not list(tmp_path.glob("*truth*"))
 
 
 def _model(embed_dim: int = 64, depth: int = 4):
     """An untrained forecast model, for its writer (export's)."""
-    from parallel_checks import small_config
+    from support.parallel_checks import small_config
 
     from dchag.model.file import Model
     from dchag.model.model import ChannelViT
@@ -235,12 +202,12 @@ def _model(embed_dim: int = 64, depth: int = 4):
 def _save_limited(model_dir: Path, limit: int) -> str:
     """model.file.save (export's writer) under a file size limit, in a subprocess: its error."""
     code = (
-        "import resource, sys; sys.path.insert(0, 'tests');"
+        "import resource, sys; sys.path[:0] = ['tests', 'tests/integration'];"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}));"
         "from test_trust_outputs import _model; from dchag.model import file;"
         f"file.save(_model(), {str(model_dir)!r})"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2])
     return proc.stderr.strip().splitlines()[-1] if proc.returncode else ""
 
 
@@ -255,7 +222,7 @@ def test_export_on_a_full_disk_or_at_the_size_limit_is_an_output_error(tmp_path)
 @pytest.fixture
 def small_disk(tmp_path):
     disk = tmp_path / "disk"
-    if os.geteuid() != 0 or not _mount(disk, "size=4m"):
+    if os.geteuid() != 0 or not mount(disk, "size=4m"):
         pytest.skip("mounting a small tmpfs needs root")
     yield disk
     subprocess.run(["umount", str(disk)], capture_output=True)
@@ -264,7 +231,7 @@ def small_disk(tmp_path):
 def _wide(base: dict, **train) -> dict:
     """A run whose checkpoint (14 MB) has tensors larger than a file's buffer: the disk fills
     inside torch's zip writer, which raises a RuntimeError ("unexpected pos")."""
-    cfg = _short(base, **train)
+    cfg = short_run(base, **train)
     cfg["model"] = {**cfg["model"], "embed_dim": 256}
     return cfg
 
@@ -273,8 +240,8 @@ def test_a_checkpoint_or_model_on_a_full_disk_is_one_line_and_leaves_nothing(dat
     from dchag.model import file
 
     root, base = data_root
-    proc = _cli(_wide(base, steps=4), small_disk, root)  # the run's logs fit, its checkpoint does not
-    _one_line(proc, f"cannot write checkpoint {small_disk / 'run' / 'checkpoints' / 'step_2'}: No space left")
+    proc = train_once(_wide(base, steps=4), small_disk, root)  # the run's logs fit, its checkpoint does not
+    one_line(proc, f"cannot write checkpoint {small_disk / 'run' / 'checkpoints' / 'step_2'}: No space left")
     assert not list((small_disk / "run" / "checkpoints").iterdir())
     shutil.rmtree(small_disk / "run")
     with pytest.raises(OutputError, match=f"cannot write {small_disk / 'model'}: No space left on device"):
@@ -287,8 +254,8 @@ def test_a_checkpoint_at_the_file_size_limit_is_one_line(data_root, tmp_path):
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, hard))  # inherited by the run's process
     try:
-        proc = _cli(_wide(base, steps=4), tmp_path, root)
+        proc = train_once(_wide(base, steps=4), tmp_path, root)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    _one_line(proc, f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_2'}: File too large")
+    one_line(proc, f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_2'}: File too large")
     assert not list((tmp_path / "run" / "checkpoints").iterdir())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -13,20 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import LONGEST, REPO
+from support import REPO
+from support.commands import DEMO, planned, snakemake
 
 from dchag.store import open_store
-
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-
-
-def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None):
-    cmd = [*SNAKEMAKE, "--directory", str(workdir), "--cores", "2", *args]
-    files = configfile if isinstance(configfile, list) else [configfile or REPO / "config" / "demo.yaml"]
-    cmd += ["--configfile", *map(str, files)]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env)
-
 
 DEMO_JOBS = {  # the demo's plan: 3 ERA5 years + constants, 6 training runs (3 tasks x baseline/D-CHAG)
     "era5_demo_constants": 1,
@@ -63,22 +52,10 @@ DEMO_JOBS = {  # the demo's plan: 3 ERA5 years + constants, 6 training runs (3 t
 }
 
 
-def job_counts(out: str) -> dict[str, int]:
-    """Snakemake's 'Job stats' table of a dry run as {rule: count}."""
-    table = out[out.index("Job stats:") :].splitlines()[3:]
-    counts = {}
-    for line in table:
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit() or parts[0] == "total":
-            break
-        counts[parts[0]] = int(parts[1])
-    return counts
-
-
 def test_dry_run_plans_the_demo_dag(tmp_path):
-    proc = snakemake(tmp_path, "-n")
+    proc = snakemake(tmp_path, "-n", configfile=DEMO)
     assert proc.returncode == 0, proc.stderr
-    assert job_counts(proc.stdout + proc.stderr) == DEMO_JOBS
+    assert planned(proc.stdout + proc.stderr) == DEMO_JOBS
 
 
 DEMO_CI = """
@@ -99,7 +76,7 @@ def foundation_runs() -> str:
     return yaml.safe_dump({"train": {"runs": runs}, "evaluate": {"foundation": foundation}})
 
 
-@pytest.mark.integration
+@pytest.mark.minutes(10)
 def test_demo_pipeline_produces_normalised_stores(tmp_path):
     """The demo as `make demo` runs it with the foundation-model experiment's runs added
     (config/foundation.yaml's), cut for CI's time (the full demo is timed in
@@ -120,7 +97,7 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     assert np.abs(train.mean(axis=(0, 2, 3))).max() < 1e-3
     assert (tmp_path / "logs" / "demo" / "era5_year_2016.log").exists()
     # Every field the pipeline wrote, in every store under results/, is float32 on disk.
-    from test_data_path import float_arrays
+    from support.stores import float_arrays
 
     stores = [p for p in (tmp_path / "results").rglob("*.zarr") if (p / "zarr.json").exists()]
     wrong = {f"{p}:{k}": str(v) for p in stores for k, v in float_arrays(p).items() if v != np.float32}
@@ -181,7 +158,7 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
 DEMO_DAYS = "era5:\n  demo_days: 40\n"  # the demo's data, cut to 40 days a year, for the tests below
 
 
-@pytest.mark.integration
+@pytest.mark.minutes(2.5)
 def test_verification_experiment_on_the_demo_data(tmp_path):
     """`snakemake verify` (a named target, not part of `all`), demo-sized: four runs on the
     demo's ERA5 data and their verdict."""
@@ -196,7 +173,7 @@ def test_verification_experiment_on_the_demo_data(tmp_path):
     assert not (tmp_path / "results" / "demo" / "hsi").exists()  # only what the experiment needs
 
 
-@pytest.mark.integration
+@pytest.mark.minutes(3.5)
 def test_paper_sweep_measures_every_point_and_draws_its_figures(tmp_path):
     """The paper target, cut down (CI's CPU sweep): every point one torchrun job, every
     memory/throughput figure drawn from them beside the published values, and the report."""
@@ -452,7 +429,7 @@ def check_verification(results: Path) -> None:
 
 
 def check_report_in_browser(report: Path, figures: list[str]) -> None:
-    from report_browser import figures_shown
+    from support.report_browser import figures_shown
 
     shown = figures_shown(report)
     missing = [f for f in figures if f not in shown]
@@ -519,7 +496,7 @@ def test_bad_config_stops_before_any_job(tmp_path, edit, expected):
 
 
 def test_workflow_is_lint_clean_and_formatted():
-    proc = subprocess.run([*SNAKEMAKE, "--lint", "--directory", str(REPO)], capture_output=True, text=True)
+    proc = snakemake(REPO, "--lint")
     assert proc.returncode == 0 and "good condition" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     fmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent))
     proc = subprocess.run([fmt, "--check", "Snakefile", "workflow/rules"], cwd=REPO, capture_output=True, text=True)
@@ -528,19 +505,9 @@ def test_workflow_is_lint_clean_and_formatted():
 
 def test_slurm_profile_plans_the_workflow_with_site_resources(tmp_path):
     """`--workflow-profile slurm` (profiles/slurm) plans every job with the profile's resources
-    and the config's training layout; the real cluster run is tests/test_slurm.py."""
+    and the config's training layout; the real cluster run is tests/integration/test_slurm.py."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
-    cmd = [
-        *SNAKEMAKE,
-        "--directory",
-        str(tmp_path),
-        "--workflow-profile",
-        "slurm",
-        "-n",
-        "--configfile",
-        str(REPO / "config" / "demo.yaml"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = snakemake(tmp_path, "--workflow-profile", "slurm", "-n", configfile=DEMO)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "profiles/slurm" in out
@@ -634,14 +601,3 @@ def test_report_captions_insert_only_names_the_schema_constrains():
             used.append(text)
             assert allowed.fullmatch(text), f"{path.name} inserts {text!r}"
     assert "snakemake.wildcards.run" in used
-
-
-def test_the_longest_tests_named_above_exist():
-    """A renamed long test would silently lose its early place in tests/conftest.py (and CI its balance)."""
-    defined = {
-        line.split("def ", 1)[1].split("(", 1)[0]
-        for path in Path(__file__).parent.glob("test_*.py")
-        for line in path.read_text().splitlines()
-        if line.startswith("def test_")
-    }
-    assert not set(LONGEST) - defined, f"tests/conftest.py LONGEST names missing tests: {set(LONGEST) - defined}"

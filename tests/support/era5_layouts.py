@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-REPO = Path(__file__).resolve().parents[1]
+from . import REPO
+
 GRIB_DATA = REPO / "tests" / "data" / "grib"  # real GRIB files (see its README.md)
 REAL_ERA5_GRIB = GRIB_DATA / "era5-levels-members.grib"
 REAL_T_PL_GRIB = GRIB_DATA / "t_pl.grib"

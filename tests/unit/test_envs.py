@@ -12,8 +12,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.version import Version
+from support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 # conda-forge names of PyPI packages
 CONDA_TO_PYPI = {
     "pytorch": "torch",

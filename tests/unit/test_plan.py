@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from support import REPO
 
 from dchag import jobs, plan
 from dchag.config import ConfigError, run_settings, settings, validate

@@ -11,7 +11,7 @@ channel aggregation (cross-attention; -L / -C partial aggregation under D-CHAG),
   calibrate` measures (hardware.Compute), times the profile's efficiency (the configured
   model's measured step over the step the rates predict). Training FLOPs are 3x the forward's. The byte and
   operator counts are this package's implementation's (per channel, per block), counted once
-  with benefit/trace.py; tests/test_benefit.py re-counts them at other sizes;
+  with benefit/trace.py; tests/unit/benefit/test_benefit.py re-counts them at other sizes;
 * memory: parameters, gradients and Adam state (``state_bytes`` per parameter, 16 by default:
   4 fp32 weights, 4 fp32 gradients, 8 fp32 moments; the paper's FSDP mixed precision adds the
   bf16 copies, 20: :data:`PAPER`), plus

@@ -4,13 +4,9 @@ and calibration on a real gloo process group."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import REPO
 
 from dchag.benefit import hardware as hwm
 from dchag.benefit.advise import advise, article
@@ -127,58 +123,6 @@ def test_fit_recovers_alpha_and_bandwidth():
     noisy = [(s, t * noise.get(s, 1)) for s, t in exact]
     f = fit(noisy, n, "all_reduce")
     assert f["alpha"] == pytest.approx(alpha, rel=0.1) and f["bw"] == pytest.approx(bw, rel=0.05)
-
-
-@pytest.mark.integration
-def test_calibrate_on_a_gloo_group_then_advise(tmp_path):
-    out = tmp_path / "hw.yaml"
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run(
-        [
-            str(torchrun),
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "dchag",
-            "calibrate",
-            "--config",
-            str(REPO / "config" / "demo.yaml"),
-            "--batch",
-            "2",
-            "--repeats",
-            "3",
-            "--output",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    prof = yaml.safe_load(out.read_text())
-    assert prof["alpha"] > 0 and prof["intra_bw"] > 0 and prof["gpus_per_node"] == 2
-    assert prof["measured"]["backend"] == "gloo" and prof["measured"]["compute"]["flops_per_s"] > 1e8
-    assert len(prof["measured"]["collectives"]["intra"]["all_reduce"]["points"]) >= 5
-    assert (
-        main(
-            [
-                "advise",
-                "--hardware",
-                str(out),
-                "--model",
-                str(REPO / "config" / "demo.yaml"),
-                "--gpus",
-                "2",
-                "--gpus-per-node",
-                "2",
-                "--output",
-                str(tmp_path / "a.json"),
-            ]
-        )
-        == 0
-    )
-    assert json.loads((tmp_path / "a.json").read_text())["recommendation"] in STRATEGIES
 
 
 def test_memory_model_predicts_the_papers_table_within_25_percent():

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from support import REPO
 
 from dchag.benefit import fakemem
 from dchag.benefit.calibrate import workload_from_config
@@ -158,7 +158,7 @@ def test_fake_equals_real_on_gloo(variant):
     to the byte (DTensor's shape propagation kept out of it: on the fake mode it found, the TP
     baseline's peak here was 90.0 MiB against 60.9 on gloo, a foreach AdamW step over DTensors
     8x its parameters)."""
-    from distributed import run_distributed
+    from support.distributed import run_distributed
 
     cfg = small_config(2, *VARIANTS[variant])
     cfg["model"].update(embed_dim=64, depth=2, num_heads=4)

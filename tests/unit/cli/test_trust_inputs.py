@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import REPO
+from support import REPO
 
 from dchag import cli
 from dchag.cli import common
@@ -178,7 +178,7 @@ def _one_string_aliased(repeats: int, length: int) -> str:
 
 
 def test_the_config_limit_counts_bytes_not_values(tmp_path, capsys):
-    from test_workflow import snakemake
+    from support.commands import snakemake
 
     from dchag.config import ConfigError, read_yaml
 
@@ -239,7 +239,7 @@ def _label_file(kind: str, folder, labels: np.ndarray, nodata: float | None = No
 )
 def test_no_data_label_values_are_no_class(tmp_path, kind, dtype, background, declared):
     import scipy.io
-    from test_hsi_products import classify, group
+    from support.hsi import classify, open_split
 
     from dchag.hsi import demo
 
@@ -249,14 +249,15 @@ def test_no_data_label_values_are_no_class(tmp_path, kind, dtype, background, de
     lab[lab == 0] = background  # the background of a delivered label raster
     lab[:3] = 0  # and a few unlabelled rows
     path = _label_file(kind, tmp_path, lab, declared)
-    train = group(classify(tmp_path / "img.mat", path, tmp_path / "o.zarr"), "train")
+    store = classify(tmp_path / "img.mat", path, tmp_path / "o.zarr", common={"preset": "indian_pines"}, patch=3)
+    train = open_split(store, "train")
     present = sorted(set(np.unique(labels).tolist()) - {0})
     assert train.attrs["label_values"] == present, train.attrs["label_values"]
     assert int(train.label.max()) == len(present)
 
 
 def test_a_label_geotiff_without_georeference_is_read_as_stored(tmp_path):
-    from hsi_products import write_label_tile
+    from support.hsi_products import write_label_tile
 
     from dchag.hsi.readers import read_labels
 
@@ -277,7 +278,7 @@ def _preprocess_error(capsys, *argv) -> str:
 
 
 def test_a_truncated_enmap_geotiff_is_one_line(tmp_path, capsys):
-    from hsi_products import write_enmap
+    from support.hsi_products import write_enmap
 
     tif = write_enmap(tmp_path / "enmap")
     tif.write_bytes(tif.read_bytes()[: tif.stat().st_size // 2])
@@ -290,7 +291,7 @@ def test_a_truncated_enmap_geotiff_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("centres", ["zero", "nan", "absent"])
 def test_a_prisma_product_without_band_centres_is_one_line(tmp_path, capsys, centres):
     import h5py
-    from hsi_products import write_prisma
+    from support.hsi_products import write_prisma
 
     from dchag.hsi.readers import HsiInputError, read_image
 
@@ -326,7 +327,7 @@ def _classifier_of(tmp_path, image, labels):
     """A seeded (untrained) classifier of the bands of ``image``, from the store the real
     preprocessing made of ``image`` and ``labels``, saved as export writes it."""
     import torch
-    from test_hsi import hsi_config
+    from support.hsi import hsi_config
 
     from dchag.config import run_settings, validate
     from dchag.hsi.preprocess import preprocess_from_config
@@ -354,7 +355,7 @@ def _classifier_of(tmp_path, image, labels):
 @pytest.fixture
 def emit_classifier(tmp_path):
     import scipy.io
-    from hsi_products import write_emit
+    from support.hsi_products import write_emit
 
     nc, _ = write_emit(tmp_path / "emit", rows=24, cols=20)
     labels = np.zeros((24, 20), np.uint8)
@@ -427,7 +428,7 @@ def test_a_classification_map_is_written_whole_or_not_at_all(tmp_path, capsys, m
 
 
 def test_a_reversed_wavelength_range_is_refused(tmp_path, capsys):
-    from hsi_products import write_emit
+    from support.hsi_products import write_emit
 
     nc, _ = write_emit(tmp_path / "emit", rows=16, cols=16)
     line = _preprocess_error(capsys, nc, "--tile", "8", "--drop-wavelengths", "1450-1340", "--output", tmp_path / "o")

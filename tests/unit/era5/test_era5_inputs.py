@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from era5_layouts import (
+from support.era5_layouts import (
     REAL_ERA5_GRIB,
     REAL_T_PL_GRIB,
     cfgrib_netcdf,
@@ -542,19 +542,12 @@ def test_field_helper_is_what_the_written_grib_holds(tmp_path):
 
 # -- through the pipeline: snakemake --configfile ----------------------------------------------
 def _snakemake(workdir, config: dict, *args):
-    import os
-    import subprocess
-    import sys
-
     import yaml
-    from era5_layouts import REPO
+    from support.commands import snakemake
 
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
-    cmd += ["--cores", "2", *args, "--configfile", str(path)]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return snakemake(workdir, *args, configfile=path)
 
 
 @pytest.mark.parametrize("layout", ["grib", "cfgrib-netcdf"])

@@ -103,7 +103,7 @@ def test_peak_memory_is_flat_in_time_steps(era5_files, tmp_path):
     """Streaming by time chunk: 3x the time steps, about the same peak (tracemalloc sees numpy)."""
     import tracemalloc
 
-    from conftest import small_era5_config
+    from support.era5 import small_era5_config
 
     from dchag.era5 import demo
 
@@ -148,7 +148,7 @@ def test_missing_pressure_level(era5_config, weights, tmp_path):
 
 
 def test_irregular_grid(era5_config, era5_files, weights, tmp_path):
-    """Uneven latitudes are a Gaussian grid, which is read (tests/test_era5_inputs.py); uneven
+    """Uneven latitudes are a Gaussian grid, which is read (tests/unit/era5/test_era5_inputs.py); uneven
     longitudes are refused."""
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -202,7 +202,7 @@ def test_corrupt_netcdf(era5_config, weights, tmp_path):
 
 
 def test_weights_for_another_grid(era5_config, tmp_path):
-    from conftest import REGRID_DATA
+    from support import REGRID_DATA
 
     other = REGRID_DATA / "xesmf_bilinear_global_2.5_to_wb_5.625.nc"
     _expect_failure(era5_config["era5"], other, tmp_path / "o.zarr", WeightsError, "xesmf_bilinear_global_2.5")
@@ -249,7 +249,8 @@ def test_interrupted_write_leaves_nothing(era5_config, weights, tmp_path, monkey
 def test_time_subsampling_keeps_the_steps_on_the_configured_interval(tmp_path):
     """6-hourly inputs (CDS names: valid_time, pressure_level) read every 12 h: the store holds
     the 00 and 12 UTC fields themselves, not averages, and no other hour."""
-    from conftest import LEVELS, small_era5_config
+    from support import LEVELS
+    from support.era5 import small_era5_config
 
     from dchag.era5 import demo
 

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 import zarr
-from conftest import LEVELS, REPO, small_era5_config
+from support import LEVELS, REPO, once
+from support.era5 import small_era5_config
 
 from dchag.era5 import demo
 from dchag.era5.climatology import climatology, climatology_part, combine_climatology, day_block
@@ -32,14 +33,19 @@ DAYS = 70
 @pytest.fixture(scope="module")
 def six_hourly(tmp_path_factory):
     """Four 70-day years of 6-hourly demo inputs regridded into per-year stores (chunks of 8 steps)."""
-    root = tmp_path_factory.mktemp("six_hourly")
-    for year in YEARS:
-        demo.write_year(root, year, 3.75, LEVELS, time_step_hours=6, days=DAYS)
-    demo.write_constants(root, 3.75)
-    cfg = small_era5_config(root, years=YEARS[:3])["era5"]
-    cfg.update(time_step_hours=6, time_chunk=8)
-    make_weights(cfg, YEARS[0], root / "w.nc")
-    return [preprocess_year(cfg, y, root / "w.nc", root / f"{y}.zarr") for y in YEARS]
+
+    def make(root):
+        for year in YEARS:
+            demo.write_year(root, year, 3.75, LEVELS, time_step_hours=6, days=DAYS)
+        demo.write_constants(root, 3.75)
+        cfg = small_era5_config(root, years=YEARS[:3])["era5"]
+        cfg.update(time_step_hours=6, time_chunk=8)
+        make_weights(cfg, YEARS[0], root / "w.nc")
+        for y in YEARS:
+            preprocess_year(cfg, y, root / "w.nc", root / f"{y}.zarr")
+
+    root = once(tmp_path_factory, "six_hourly", make)  # made once for all test workers; read only
+    return [root / f"{y}.zarr" for y in YEARS]
 
 
 def _all(stores) -> tuple[np.ndarray, pd.DatetimeIndex]:
@@ -238,7 +244,7 @@ def test_a_near_constant_channel_is_reported_and_its_std_floored(six_hourly, tmp
     "config, years", [("era5", None), ("paper", None), ("era5", 40)], ids=["config-era5", "config-paper", "40-years"]
 )
 def test_the_paper_config_plans_one_job_per_year(config, years, tmp_path):
-    from test_configs import planned, snakemake, workdir
+    from support.commands import planned, snakemake, workdir
 
     cfg = yaml.safe_load((REPO / "config" / f"{config}.yaml").read_text())
     if years:  # the paper's 40 years: 1979-2014 train, 2015-2016 val, 2017-2018 test

@@ -9,11 +9,12 @@ import math
 
 import numpy as np
 import pandas as pd
-import parallel_checks
 import pytest
 import torch
 import xarray as xr
-from distributed import run_distributed
+from support import parallel_checks
+from support.distributed import run_distributed
+from support.era5 import LAT, LON, synthetic_truth
 
 from dchag.cli import main
 from dchag.evaluate import classification, recon, weather
@@ -126,28 +127,10 @@ def test_wb2_acc_by_hand():
     assert abs(weather.acc_climax(f, t, clim, w) - wb2) > 0.01
 
 
-# -- dchag score on files -------------------------------------------------------------------
-LAT = np.arange(-90 + 5.625 / 2, 90, 5.625)
-LON = np.arange(0, 360, 5.625)
-
-
-def _truth(times):
-    rng = np.random.default_rng(0)
-    doy = pd.DatetimeIndex(times).day_of_year.values
-    season = 10 * np.sin(2 * np.pi * doy / 365.25)[:, None, None]
-    field = (
-        280 + season + 5 * np.cos(np.deg2rad(LAT))[None, :, None] + rng.normal(0, 1, (len(times), LAT.size, LON.size))
-    )
-    return xr.Dataset(
-        {"t2m": (("time", "lat", "lon"), field), "z500": (("time", "lat", "lon"), field * 20)},
-        coords={"time": times, "lat": LAT, "lon": LON},
-    )
-
-
 @pytest.fixture
 def files(tmp_path):
     times = pd.date_range("2019-01-01", periods=40, freq="D")
-    truth = _truth(times)
+    truth = synthetic_truth(times)
     truth.to_netcdf(tmp_path / "truth.nc")
     rng = np.random.default_rng(1)
     init = times[:30]
@@ -463,7 +446,7 @@ def test_json_outputs_are_strict_json(tmp_path):
 def pipeline_files(tmp_path_factory):
     """Truth, climatology (in WB2's layout) and the persistence forecast as the pipeline writes
     them, from the real preprocessing of 40-day synthetic years."""
-    from conftest import small_era5_config
+    from support.era5 import small_era5_config
 
     from dchag.era5 import demo
     from dchag.era5.climatology import climatology

@@ -10,40 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from test_evaluate import LAT, LON, _truth
+from support.era5 import LAT, LON, score_cli
 
 from dchag.cli import main
 from dchag.era5.units import GRAVITY
 
 
-# -- dchag score ---------------------------------------------------------------------------------
-@pytest.fixture
-def scored(tmp_path):
-    """A truth of 40 days (t2m in K, z500 in m**2 s**-2) and a 24 h forecast of its first 30."""
-    times = pd.date_range("2019-01-01", periods=40, freq="D")
-    truth = _truth(times)
-    truth.t2m.attrs["units"] = "K"
-    truth.z500.attrs["units"] = "m**2 s**-2"
-    truth.to_netcdf(tmp_path / "truth.nc")
-    rng = np.random.default_rng(3)
-    noise = xr.DataArray(rng.normal(0, 1, (30, LAT.size, LON.size)), dims=("time", "lat", "lon"))
-    fc = truth.isel(time=slice(1, 31)) + noise
-    fc = fc.assign_coords(time=truth.time.values[:30], prediction_timedelta=np.timedelta64(24, "h"))
-    for v in fc.data_vars:
-        fc[v].attrs = truth[v].attrs
-    fc.to_netcdf(tmp_path / "forecast.nc")
-    return tmp_path, truth
-
-
-def _score(capsys, forecast, truth, output, *extra):
-    code = main(["score", "--forecast", str(forecast), "--truth", str(truth), "--convention", "wb2",
-                 "--metrics", "rmse", *extra, "--output", str(output)])  # fmt: skip
-    return code, capsys.readouterr().err
-
-
 def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scored, capsys):
     root, truth = scored
-    code, _ = _score(capsys, root / "forecast.nc", root / "truth.nc", root / "ref.csv")
+    code, _ = score_cli(capsys, root / "forecast.nc", root / "truth.nc", root / "ref.csv")
     assert code == 0
     ref = pd.read_csv(root / "ref.csv").set_index("variable").value
     assert 0.9 < ref["t2m"] < 1.1 and 0.9 < ref["z500"] < 1.1  # the forecast's noise
@@ -61,7 +36,7 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
         coords={"time": truth.time.values, "level": [500], "latitude": LAT, "longitude": LON},
     )
     other.to_netcdf(root / "wb2.nc")
-    code, err = _score(capsys, root / "forecast.nc", root / "wb2.nc", root / "wb2.csv")
+    code, err = score_cli(capsys, root / "forecast.nc", root / "wb2.nc", root / "wb2.csv")
     assert code == 0, err
     got = pd.read_csv(root / "wb2.csv").set_index("variable").value
     assert got["t2m"] == pytest.approx(ref["t2m"], rel=1e-9) and got["z500"] == pytest.approx(ref["z500"], rel=1e-9)
@@ -69,7 +44,7 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
     for bad in ("m s**-1", "furlongs"):
         other["2m_temperature"].attrs["units"] = bad
         other.to_netcdf(root / "bad.nc")
-        code, err = _score(capsys, root / "forecast.nc", root / "bad.nc", root / "bad.csv")
+        code, err = score_cli(capsys, root / "forecast.nc", root / "bad.nc", root / "bad.csv")
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "bad.nc" in err and "'t2m'" in err and repr(bad) in err and "'K'" in err
         assert not (root / "bad.csv").exists()
@@ -78,13 +53,13 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
     extra.to_netcdf(root / "extra_truth.nc")
     fc = xr.open_dataset(root / "forecast.nc").load()
     fc.assign(sst_anomaly=(fc.t2m - 273.15).assign_attrs(units="degC")).to_netcdf(root / "extra_fc.nc")
-    code, err = _score(capsys, root / "extra_fc.nc", root / "extra_truth.nc", root / "e.csv")
+    code, err = score_cli(capsys, root / "extra_fc.nc", root / "extra_truth.nc", root / "e.csv")
     assert code == 2 and "'sst_anomaly' is in 'degC' in the forecast" in err and "extra_truth.nc" in err, err
     # The forecast's units are read the same way (a forecast in Celsius against a truth in K).
     fc = xr.open_dataset(root / "forecast.nc").load()
     fc["t2m"] = (fc.t2m - 273.15).assign_attrs(units="degC")
     fc.to_netcdf(root / "fc_celsius.nc")
-    code, err = _score(capsys, root / "fc_celsius.nc", root / "truth.nc", root / "c.csv")
+    code, err = score_cli(capsys, root / "fc_celsius.nc", root / "truth.nc", root / "c.csv")
     assert code == 0, err
     assert pd.read_csv(root / "c.csv").set_index("variable").value["t2m"] == pytest.approx(ref["t2m"], rel=1e-6)
 
@@ -92,17 +67,17 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
 def test_score_refuses_a_partial_overlap_and_repeated_times(scored, capsys):
     root, truth = scored
     truth.isel(time=slice(0, 12)).to_netcdf(root / "short.nc")  # 12 days for forecasts valid on days 2-31
-    code, err = _score(capsys, root / "forecast.nc", root / "short.nc", root / "s.csv")
+    code, err = score_cli(capsys, root / "forecast.nc", root / "short.nc", root / "s.csv")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "short.nc lacks 19 of the 30 valid times" in err and "2019-01-13 00:00:00 .. 2019-01-31 00:00:00" in err
     assert not (root / "s.csv").exists()
     # a repeated time, in the truth or in the forecast: one line naming the file and the time
     truth.isel(time=[0, 1, 2, 3, 3, *range(4, 40)]).to_netcdf(root / "twice.nc")
-    code, err = _score(capsys, root / "forecast.nc", root / "twice.nc", root / "s.csv")
+    code, err = score_cli(capsys, root / "forecast.nc", root / "twice.nc", root / "s.csv")
     assert code == 2 and "twice.nc repeats time(s) 2019-01-04 00:00:00" in err and "Traceback" not in err
     fc = xr.open_dataset(root / "forecast.nc").load()
     fc.isel(time=[0, 0, *range(1, 30)]).to_netcdf(root / "fc_twice.nc")
-    code, err = _score(capsys, root / "fc_twice.nc", root / "truth.nc", root / "s.csv")
+    code, err = score_cli(capsys, root / "fc_twice.nc", root / "truth.nc", root / "s.csv")
     assert code == 2 and "fc_twice.nc repeats time(s) 2019-01-01 00:00:00" in err
     assert not (root / "s.csv").exists()
 
@@ -136,7 +111,7 @@ def test_a_damaged_truth_store_is_one_line_naming_it(scored, capsys, damage):
     else:
         meta = store / "t2m" / "zarr.json"
         meta.write_text(meta.read_text()[:60])
-    code, err = _score(capsys, root / "forecast.nc", store, root / "d.csv")
+    code, err = score_cli(capsys, root / "forecast.nc", store, root / "d.csv")
     assert code == 2 and len(err.strip().splitlines()) == 1 and str(store) in err, err
     assert not (root / "d.csv").exists()
 
@@ -163,7 +138,7 @@ def test_band_matching_is_one_to_one_within_the_models_spacing_or_fwhm():
 def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys):
     import rasterio
     import scipy.io
-    from test_predict import _hsi_model
+    from support.hsi import hsi_model
 
     from dchag.hsi import demo
     from dchag.model import file as model_file
@@ -171,7 +146,7 @@ def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys
     cube, labels, centres, _ = demo.scene(24, 24, seed=3)
     scipy.io.savemat(tmp_path / "img.mat", {"indian_pines": cube})
     scipy.io.savemat(tmp_path / "gt.mat", {"indian_pines_gt": labels})
-    model, _ = _hsi_model(
+    model, _ = hsi_model(
         tmp_path,
         "classification",
         {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
@@ -281,7 +256,7 @@ def test_a_forecast_store_is_compared_by_channels_grid_and_statistics(data_root,
     a checkpoint trained on other channels, another grid or other statistics is refused."""
     import json
 
-    from test_train import run_config
+    from support.commands import run_config
 
     from dchag.config import run_settings
     from dchag.train import checkpoint as ckpt

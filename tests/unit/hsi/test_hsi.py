@@ -8,32 +8,13 @@ import pytest
 import scipy.io
 import spectral.io.envi as envi
 import xarray as xr
+from support.hsi import classify, make_tiles, open_split
 
-from dchag.config import ConfigError, validate
+from dchag.config import ConfigError
 from dchag.hsi import demo
 from dchag.hsi.bands import SENSORS, BandError, select_bands
-from dchag.hsi.preprocess import preprocess_from_config
 from dchag.hsi.readers import HsiInputError, read_image, read_labels
 from dchag.hsi.splits import disjoint_split, disjoint_split_placing_classes, stratified_split
-
-
-def open_group(path, split):
-    return xr.open_zarr(path, group=split, consolidated=False)
-
-
-def hsi_config(task: str, section: dict, **common) -> dict:
-    """A validated config with this ``hsi`` section: the schema fills in every other setting."""
-    return validate({"name": "t", "hsi": {**common, task: section}}, "test config")
-
-
-def classify(image, labels, output, common: dict | None = None, **section):
-    cfg = hsi_config("classification", {"image": str(image), "labels": str(labels), **section}, **(common or {}))
-    return preprocess_from_config(cfg, "classification", output)
-
-
-def make_tiles(images, output, common: dict | None = None, **section):
-    cfg = hsi_config("mae", {"images": [str(p) for p in images], **section}, **(common or {}))
-    return preprocess_from_config(cfg, "mae", output)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +168,7 @@ def test_classification_store(tmp_path, scene, mat_files):
     out = classify(
         mat_files[0], mat_files[1], tmp_path / "c.zarr", {"preset": "indian_pines", "band_chunk": 50}, patch=5
     )
-    train, test = open_group(out, "train"), open_group(out, "test")
+    train, test = open_split(out, "train"), open_split(out, "test")
     assert train.patches.shape[1:] == (200, 5, 5) and train.patches.encoding["chunks"][1] == 50
     assert train.attrs["kept_bands_1based"][103] == 109  # 104-108 removed
     # Normalised with the training pixels' statistics: the training centre pixels have mean 0, std 1.
@@ -210,9 +191,9 @@ def test_tiles_store_from_envi_collection(tmp_path):
         tile=16,
         fractions=[0.5, 0.25, 0.25],
     )
-    sizes = {s: open_group(out, s).sizes["sample"] for s in ("train", "val", "test")}
+    sizes = {s: open_split(out, s).sizes["sample"] for s in ("train", "val", "test")}
     assert sum(sizes.values()) == 8 and sizes["train"] == 4
-    train = open_group(out, "train")
+    train = open_split(out, "train")
     assert np.isfinite(train.wavelength.values).all() and train.tiles.shape[1:] == (200, 16, 16)
     assert len(paths) == 2
     # the training dataset over it: a rank's band block, read from memory or from Zarr alike
@@ -266,7 +247,7 @@ def test_nan_fill_reports_the_count(tmp_path, scene, mat_files):
         {"preset": "indian_pines", "nan_policy": "fill"},
         patch=5,
     )
-    train = open_group(out, "train")
+    train = open_split(out, "train")
     assert train.attrs["nan_filled"] == 1 and np.isfinite(train.patches.values).all()
 
 
@@ -312,7 +293,7 @@ def test_corrected_indian_pines_keeps_every_band_numbered_as_the_sensor(tmp_path
             labels_key="indian_pines_gt",
             patch=5,
         )
-        stores[name] = open_group(out, "train")
+        stores[name] = open_split(out, "train")
     corrected, full_store = stores["Indian_pines_corrected"], stores["Indian_pines"]
     assert corrected.attrs["kept_bands_1based"] == IP_KEPT == full_store.attrs["kept_bands_1based"]
     assert corrected.sensor_band.values.tolist() == IP_KEPT
@@ -408,7 +389,7 @@ def test_disjoint_split_keeps_every_class_that_fits(tmp_path):
     )
     import json
 
-    train = open_group(out, "train")
+    train = open_split(out, "train")
     stored = json.loads(train.attrs["class_counts"])
     assert all(stored[s][k] > 0 for s in ("train", "val", "test") for k in range(9))
     assert stored["train"] == np.bincount(train.label.values, minlength=11)[1:].tolist()

@@ -1,5 +1,5 @@
 """Today's hyperspectral products and labelled tile sets, on files written by the real writers
-in each product's layout (tests/hsi_products.py): EnMAP L2A GeoTIFF (rasterio, with DLR's
+in each product's layout (tests/support/hsi_products.py): EnMAP L2A GeoTIFF (rasterio, with DLR's
 METADATA.XML or with GDAL band metadata), PRISMA L2D HDF-EOS5 (h5py), EMIT L2A netCDF4 with
 groups, GeoTIFF image/label tile sets. Values are checked against each product's own
 definition of its values (EnMAP: DN x GainOfBand; PRISMA: Min + DN (Max - Min) / 65535;
@@ -16,8 +16,9 @@ import scipy.io
 import spectral.io.envi as envi
 import xarray as xr
 import yaml
-from conftest import REPO
-from hsi_products import (
+from support import REPO
+from support.hsi import open_split
+from support.hsi_products import (
     enmap_bands,
     enmap_outside,
     prisma_outside,
@@ -39,17 +40,13 @@ from dchag.hsi.sources import expand_images
 rasterio = pytest.importorskip("rasterio")
 
 
-def group(path, split):
-    return xr.open_zarr(path, group=split, consolidated=False)
-
-
 def run(task: str, section: dict, output, **common):
     cfg = validate({"name": "t", "hsi": {**common, task: section}}, "test config")
     return preprocess_from_config(cfg, task, output)
 
 
 def tiles_of(store) -> dict[str, xr.Dataset]:
-    return {s: group(store, s) for s in ("train", "val", "test")}
+    return {s: open_split(store, s) for s in ("train", "val", "test")}
 
 
 def check_tiles_against(store, physical: np.ndarray, missing: np.ndarray, tile: int, bands: np.ndarray):
@@ -116,7 +113,7 @@ def test_enmap_classification_leaves_out_windows_with_missing_pixels(tmp_path):
     ok = np.array(
         [[not outside[max(0, r - 2) : r + 3, max(0, c - 2) : c + 3].any() for c in range(48)] for r in range(40)]
     )
-    groups = {s: group(out, s) for s in ("train", "val", "test")}
+    groups = {s: open_split(out, s) for s in ("train", "val", "test")}
     got = np.zeros((40, 48), bool)
     for g in groups.values():
         got[g.row.values, g.col.values] = True
@@ -137,7 +134,7 @@ def test_enmap_band_selection_and_a_south_up_tile(tmp_path):
         drop_bands="1-10",
         drop_wavelengths=[[1800, 2000]],
     )
-    wl = group(out, "train").wavelength.values
+    wl = open_split(out, "train").wavelength.values
     keep = ~bad & (np.arange(224) >= 10) & ~((centres >= 1800) & (centres <= 2000))
     assert np.allclose(wl, centres[keep], atol=1e-3)
     # south-up: the same image with its rows reversed and a positive y step
@@ -183,7 +180,7 @@ def test_prisma_l2d_he5(tmp_path, overlap):
 def test_prisma_with_a_wavelength_preset(tmp_path):
     he5 = write_prisma(tmp_path / "prisma")
     out = run("mae", {"images": [str(he5)], "tile": 8}, tmp_path / "p.zarr", preset="vnir_400_900")
-    wl = group(out, "train").wavelength.values
+    wl = open_split(out, "train").wavelength.values
     assert wl.min() >= 400 and wl.max() <= 900 and wl.size == int(((np.linspace(1010, 402, 63)) <= 900).sum())
 
 
@@ -253,7 +250,7 @@ def test_tile_set_classification(tmp_path, split, monkeypatch):
         "class_names": ["one", "two", "three", "four", "five"],
     }
     out = run("classification", section, tmp_path / "c.zarr")
-    groups = {s: group(out, s) for s in ("train", "val", "test")}
+    groups = {s: open_split(out, s) for s in ("train", "val", "test")}
     train = groups["train"]
     # 255 is no class; 1, 2, 5 become classes 1..3, named after their values
     assert train.attrs["label_values"] == [1, 2, 5] and train.attrs["class_names"] == ["one", "two", "five"]
@@ -283,7 +280,7 @@ def test_tile_set_classification(tmp_path, split, monkeypatch):
 
     monkeypatch.setattr(pp, "CACHE_BYTES", 0)
     again = run("classification", section, tmp_path / "c2.zarr")
-    assert np.array_equal(group(again, "test").patches.values, groups["test"].patches.values)
+    assert np.array_equal(open_split(again, "test").patches.values, groups["test"].patches.values)
 
 
 def test_tile_set_pairs_by_name_and_grid(tmp_path):
@@ -311,8 +308,8 @@ def test_an_envi_glob_matching_header_and_data_reads_each_image_once(tmp_path):
     assert len(list((tmp_path / "imgs").iterdir())) == 4  # x.hdr and x.img each
     assert [p.endswith(".hdr") for p in expand_images([str(tmp_path / "imgs" / "*")])] == [True, True]
     out = run("mae", {"images": [str(tmp_path / "imgs" / "*")], "tile": 16}, tmp_path / "t.zarr", preset="indian_pines")
-    assert sum(group(out, s).sizes["sample"] for s in ("train", "val", "test")) == 8  # 2 images x 4 tiles
-    assert len(group(out, "train").attrs["source_images"]) == 2
+    assert sum(open_split(out, s).sizes["sample"] for s in ("train", "val", "test")) == 8  # 2 images x 4 tiles
+    assert len(open_split(out, "train").attrs["source_images"]) == 2
 
 
 def test_envi_interleave_is_validated(tmp_path):
@@ -345,14 +342,14 @@ def test_label_255_is_no_class(tmp_path, scene):
     lab[:4] = 255
     scipy.io.savemat(tmp_path / "gt.mat", {"gt": lab})
     out = classify(image, tmp_path / "gt.mat", tmp_path / "a.zarr")
-    train = group(out, "train")
+    train = open_split(out, "train")
     present = sorted(set(np.unique(lab).tolist()) - {0, 255})
     assert len(train.attrs["class_names"]) == len(present) and train.attrs["label_values"] == present
     assert int(train.label.max()) == len(present)
     # a dataset whose class 255 is real says so
     out = classify(image, tmp_path / "gt.mat", tmp_path / "b.zarr", ignore_labels=[])
-    assert group(out, "train").attrs["label_values"] == [*present, 255]
-    assert group(out, "train").attrs["class_names"][-1] == "class 255"
+    assert open_split(out, "train").attrs["label_values"] == [*present, 255]
+    assert open_split(out, "train").attrs["class_names"][-1] == "class 255"
 
 
 def test_labels_with_gaps_are_remapped_or_refused(tmp_path, scene):
@@ -361,10 +358,10 @@ def test_labels_with_gaps_are_remapped_or_refused(tmp_path, scene):
     scipy.io.savemat(tmp_path / "gt.mat", {"gt": lab})
     names = [f"n{v}" for v in range(1, 8)]
     out = classify(image, tmp_path / "gt.mat", tmp_path / "a.zarr", class_names=names)
-    train = group(out, "train")
+    train = open_split(out, "train")
     values = sorted(set(np.unique(lab).tolist()) - {0})
     assert train.attrs["label_values"] == values and train.attrs["class_names"] == [f"n{v}" for v in values]
-    test = group(out, "test")
+    test = open_split(out, "test")
     k = 3
     assert values[int(test.label[k]) - 1] == lab[int(test.row[k]), int(test.col[k])]
     with pytest.raises(HsiInputError, match=r"gt.mat: class values \[1, 2, 4, 7\] are not 1..4 without gaps"):
@@ -455,7 +452,7 @@ PIPELINE_CASES = ["enmap", "prisma", "emit", "tiles"]
 def test_products_through_snakemake(tmp_path, source):
     """A dataset-only config per source, run by `snakemake --configfile`: the store has the
     product's bands, wavelengths and missing-pixel handling."""
-    from test_configs import snakemake, workdir
+    from support.commands import snakemake, workdir
 
     cwd = tmp_path / "w"
     cwd.mkdir()
@@ -477,7 +474,7 @@ def test_products_through_snakemake(tmp_path, source):
     proc = snakemake(cwd, "--cores", "1", "--configfile", "mine.yaml")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     task = "mae" if "mae" in hsi else "classification"
-    train = group(cwd / "results" / source / "hsi" / f"{task}.zarr", "train")
+    train = open_split(cwd / "results" / source / "hsi" / f"{task}.zarr", "train")
     bands = {"enmap": 218, "prisma": 234 - 10, "emit": 244, "tiles": 12}[source]
     assert train.sizes["band"] == bands and np.isfinite(train.wavelength.values).all()
     assert np.isfinite(train[{"mae": "tiles", "classification": "patches"}[task]].values).all()
@@ -488,7 +485,7 @@ def test_products_through_snakemake(tmp_path, source):
 
 
 def test_every_source_has_a_shipped_config():
-    """config/ holds one config per product source (dry-run by tests/test_configs.py)."""
+    """config/ holds one config per product source (dry-run by tests/integration/test_configs.py)."""
     kinds = set()
     for path in (REPO / "config").glob("*.yaml"):
         hsi = yaml.safe_load(path.read_text()).get("hsi") or {}
@@ -499,7 +496,7 @@ def test_every_source_has_a_shipped_config():
 
 def test_an_unpaired_tile_stops_the_plan(tmp_path):
     """`snakemake -n` already names the image tile that has no label tile."""
-    from test_configs import snakemake, workdir
+    from support.commands import snakemake, workdir
 
     cwd = tmp_path / "w"
     cwd.mkdir()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import parallel_checks as checks
 import pytest
 import torch
-from distributed import run_distributed
+from support import parallel_checks as checks
+from support.distributed import run_distributed
 
 from dchag.config import model_settings
 from dchag.model import ChannelViT, layers, random_masking

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
+from support import REPO
 
 from dchag.model import ChannelViT, channel_groups, random_masking
 from dchag.model.build import model_config_of

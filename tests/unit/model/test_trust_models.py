@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import scipy.io
 import torch
-from test_predict import _hsi_model
+from support.hsi import hsi_model
 
 from dchag.cli import main
 from dchag.config import ConfigError, settings, validate
@@ -63,7 +63,7 @@ def exported(tmp_path_factory):
     safetensors writer), and the hsi section it was made from."""
     tmp = tmp_path_factory.mktemp("model")
     section = _section(tmp)
-    model, _ = _hsi_model(tmp, "classification", section, MODEL)
+    model, _ = hsi_model(tmp, "classification", section, MODEL)
     model_file.save(model, tmp / "model")
     return tmp / "model", section
 
@@ -209,7 +209,7 @@ def test_a_well_formed_folder_still_checks_and_loads(exported, tmp_path):
 
 # -- at plan time --------------------------------------------------------------------------------
 def _plan(section: dict, model: dict | None = None, **run) -> None:
-    from test_hsi import hsi_config
+    from support.hsi import hsi_config
 
     cfg = hsi_config("classification", section, preset="indian_pines")
     cfg = validate(

@@ -1,7 +1,7 @@
 """The paper's experiments: sweeps as jobs, the memory model against every published number,
 and the GPU config planned under the Slurm profile with one job per point and its GPU count.
 The points measured under torchrun and the figures drawn from them are checked where the
-demo test runs `snakemake paper` (tests/test_workflow.py: check_paper)."""
+demo test runs `snakemake paper` (tests/integration/test_workflow.py: check_paper)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from support import REPO
 
 from dchag.config import ConfigError, settings, validate
 from dchag.paper import published, sweep

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import REPO
+from support import REPO
 
 from dchag.parallel import dims
 
@@ -91,7 +91,7 @@ def test_every_collective_gets_tensors_made_for_the_training_device():
 
 @pytest.mark.parametrize("world", [2])
 def test_the_mae_gather_pads_uneven_blocks_on_its_inputs_device(world):
-    from distributed import run_distributed
+    from support.distributed import run_distributed
 
     run_distributed(_gather_check, world)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import parallel_checks as checks
 import pytest
-from distributed import run_distributed
+from support import parallel_checks as checks
+from support.distributed import run_distributed
 
 DCHAG_CASES = {
     2: [

@@ -1,5 +1,5 @@
 """Regridding from a regular Gaussian grid (unequal latitudes, ECMWF's regular_gg) by ESMF's
-rules, checked from their definitions (tests/test_regrid_weights.py checks the same code
+rules, checked from their definitions (tests/unit/regrid/test_regrid_weights.py checks the same code
 entry by entry against real xESMF weights on regular grids)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xarray as xr
-from era5_layouts import gaussian_latitudes
+from support.era5_layouts import gaussian_latitudes
 
 from dchag.grids import GridError, LatLonGrid, grid_of, weatherbench_grid
 from dchag.regrid.bilinear import unit_vectors

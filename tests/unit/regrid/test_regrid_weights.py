@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import xarray as xr
-from conftest import REGRID_DATA
+from support import REGRID_DATA
 
 from dchag.grids import LatLonGrid, weatherbench_grid
 from dchag.regrid.bilinear import unit_vectors

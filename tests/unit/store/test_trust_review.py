@@ -14,9 +14,7 @@ import pandas as pd
 import pytest
 import torch
 import xarray as xr
-from test_trust import _short
-from test_trust_metadata import scored  # noqa: F401 (a fixture)
-from test_trust_outputs import _dchag, _digest, _one_line
+from support.commands import dchag, digest, one_line, short_run
 
 from dchag.cli import main
 from dchag.model import file as model_file
@@ -62,12 +60,12 @@ def test_a_file_output_never_replaces_a_file_of_a_run_checkpoint_or_other_output
     np.save(tmp_path / "truth.npy", cube)
     np.save(tmp_path / "pred.npy", cube * 0.9)
     recon = ["score-recon", "--truth", str(tmp_path / "truth.npy"), "--pred", str(tmp_path / "pred.npy"), "--output"]
-    kept = _digest(tmp_path / "run")
-    _one_line(_dchag(*recon, str(tmp_path / "run" / "log.csv")), "a file of the training run")
-    assert _digest(tmp_path / "run") == kept
+    kept = digest(tmp_path / "run")
+    one_line(dchag(*recon, str(tmp_path / "run" / "log.csv")), "a file of the training run")
+    assert digest(tmp_path / "run") == kept
     # a file of no run or output is still replaced by a rerun, and a new file may go anywhere
     for name in ("scores.csv", "scores.csv", "run/final_scores.csv"):
-        proc = _dchag(*recon, str(tmp_path / name))
+        proc = dchag(*recon, str(tmp_path / name))
         assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -81,7 +79,7 @@ def forecast_model(data_root, tmp_path_factory):
 
     root, base = data_root
     store = root / "era5" / "train.zarr"
-    t = build_task(run_settings(_short(base), "f"), {"train": store, "val": store})
+    t = build_task(run_settings(short_run(base), "f"), {"train": store, "val": store})
     torch.manual_seed(0)
     model = artifact.describe(t, store, ChannelViT(t.model_cfg), {"run": "f"})
     return model_file.save(model, tmp_path_factory.mktemp("fm") / "model")
@@ -106,25 +104,25 @@ def test_a_forecast_of_one_level_saved_as_netcdf_is_scored(scored, capsys):  # n
     """The levels a WeatherBench 2 variable holds (a list attribute) come back from netCDF as a
     number when there is one; scoring such a file was a TypeError traceback. An attribute that
     names no levels is one line naming the file."""
-    from test_trust_metadata import _score
+    from support.era5 import score_cli
 
     from dchag.evaluate import wb2
     from dchag.evaluate.forecast import forecast_dataset
 
     root, truth = scored
-    assert _score(capsys, root / "forecast.nc", root / "truth.nc", root / "ref.csv")[0] == 0
+    assert score_cli(capsys, root / "forecast.nc", root / "truth.nc", root / "ref.csv")[0] == 0
     fc = xr.open_dataset(root / "forecast.nc").load()
     values = {v: fc[v].values[:, None] for v in ("z500", "t2m")}  # (time, lead, lat, lon)
     layout = forecast_dataset(values, fc.indexes["time"], [24], fc.lat.values, fc.lon.values, {})
     layout.to_netcdf(root / "wb2_forecast.nc")
     assert isinstance(xr.open_dataset(root / "wb2_forecast.nc").geopotential.attrs[wb2.GIVEN_LEVELS], np.integer)
-    code, err = _score(capsys, root / "wb2_forecast.nc", root / "truth.nc", root / "wb2.csv")
+    code, err = score_cli(capsys, root / "wb2_forecast.nc", root / "truth.nc", root / "wb2.csv")
     assert code == 0, err
     ref, got = (pd.read_csv(root / f"{n}.csv").set_index("variable").value for n in ("ref", "wb2"))
     assert got["z500"] == pytest.approx(ref["z500"], rel=1e-6) and got["t2m"] == pytest.approx(ref["t2m"], rel=1e-6)
     layout.geopotential.attrs[wb2.GIVEN_LEVELS] = "all"
     layout.to_netcdf(root / "bad.nc")
-    code, err = _score(capsys, root / "bad.nc", root / "truth.nc", root / "bad.csv")
+    code, err = score_cli(capsys, root / "bad.nc", root / "truth.nc", root / "bad.csv")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert f"forecast {root / 'bad.nc'}: variable 'geopotential': attribute {wb2.GIVEN_LEVELS} is 'all'" in err
     assert not (root / "bad.csv").exists()
@@ -151,13 +149,13 @@ def test_a_yaml_syntax_error_is_one_line(tmp_path, capsys, text):
 def test_an_initialisation_time_that_is_no_time_is_a_usage_error(tmp_path, flag):
     """It was pandas' DateParseError traceback, after the model was loaded."""
     for text in ("garbage", "", "99999-01-01"):
-        proc = _dchag("predict", "--model", "m", "--store", "s.zarr", flag, text, "--output", str(tmp_path / "o.zarr"))
-        _one_line(proc, f"argument {flag}: expected a date and time", repr(text))
+        proc = dchag("predict", "--model", "m", "--store", "s.zarr", flag, text, "--output", str(tmp_path / "o.zarr"))
+        one_line(proc, f"argument {flag}: expected a date and time", repr(text))
 
 
 def test_a_lead_time_given_twice_is_refused_by_predict_and_score(forecast_model, data_root, scored, capsys):  # noqa: F811
     """predict --lead-hours 24 24 wrote each forecast twice, and score gave each row twice."""
-    from test_trust_metadata import _score
+    from support.era5 import score_cli
 
     root, _ = data_root
     out = root / "twice.zarr"
@@ -172,7 +170,7 @@ def test_a_lead_time_given_twice_is_refused_by_predict_and_score(forecast_model,
     fc = xr.open_dataset(folder / "forecast.nc").load()
     twice = xr.concat([fc.expand_dims("prediction_timedelta")] * 2, "prediction_timedelta")
     twice.to_netcdf(folder / "fc_leads.nc")
-    code, err = _score(capsys, folder / "fc_leads.nc", folder / "truth.nc", folder / "s.csv")
+    code, err = score_cli(capsys, folder / "fc_leads.nc", folder / "truth.nc", folder / "s.csv")
     assert code == 2 and "fc_leads.nc repeats lead time(s) 1 days" in err and len(err.strip().splitlines()) == 1, err
     assert not (folder / "s.csv").exists()
 

@@ -9,27 +9,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-
-# Arrays that are not float32 fields on purpose: a climatology part's float64 time sum (summed
-# over the parts, then divided by the step count; temporary).
-NOT_FIELDS = {"time_sum"}
-
-
-def float_arrays(store: str | Path) -> dict[str, np.dtype]:
-    """Every floating-point array of a Zarr store with 2 or more dimensions (a field: not a
-    per-channel, per-band or per-sample coordinate), by path, with its dtype on disk."""
-    found = {}
-
-    def walk(group: zarr.Group, prefix: str) -> None:
-        for name, member in group.members():
-            path = f"{prefix}{name}"
-            if isinstance(member, zarr.Group):
-                walk(member, f"{path}/")
-            elif member.dtype.kind == "f" and member.ndim >= 2 and name not in NOT_FIELDS:
-                found[path] = member.dtype
-
-    walk(zarr.open_group(store=str(store), mode="r"), "")
-    return found
+from support.stores import float_arrays
 
 
 def assert_float32(stores: list[Path]) -> None:
@@ -41,7 +21,7 @@ def assert_float32(stores: list[Path]) -> None:
 
 def _forecast_model(root: Path, cfg: dict, store: Path):
     """An untrained (seeded) forecasting model described from ``store`` as export does."""
-    from test_train import run_config
+    from support.commands import run_config
 
     from dchag.config import run_settings, validate
     from dchag.model import ChannelViT
@@ -97,7 +77,7 @@ def test_every_era5_store_the_pipeline_writes_is_float32(data_root, tmp_path):
 
 def test_every_hyperspectral_store_and_prediction_is_float32(tmp_path):
     import scipy.io
-    from test_predict import _hsi_model
+    from support.hsi import hsi_model
 
     from dchag.hsi import demo
     from dchag.predict.hsi import classify_scene, reconstruct_image
@@ -107,10 +87,10 @@ def test_every_hyperspectral_store_and_prediction_is_float32(tmp_path):
     scipy.io.savemat(tmp_path / "gt.mat", {"indian_pines_gt": labels})
     small = {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2}
     scene = {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5}
-    classifier, patches = _hsi_model(tmp_path, "classification", scene, small)
+    classifier, patches = hsi_model(tmp_path, "classification", scene, small)
     images = demo.write_envi(tmp_path / "envi", count=2, rows=32, cols=32)
     section = {"images": [str(p) for p in images], "tile": 16}
-    mae, tiles = _hsi_model(tmp_path, "mae", section, {**small, "patch_size": 4})
+    mae, tiles = hsi_model(tmp_path, "mae", section, {**small, "patch_size": 4})
     classify_scene(classifier, str(tmp_path / "img.mat"), str(tmp_path / "map.zarr"))
     reconstruct_image(mae, str(images[0]), str(tmp_path / "recon.zarr"), None, 2)
     assert_float32([Path(patches), Path(tiles), tmp_path / "map.zarr", tmp_path / "recon.zarr"])
@@ -233,7 +213,7 @@ def test_the_loader_benchmark_measures_every_source_side_by_side(tmp_path):
     import subprocess
     import sys
 
-    from conftest import REPO
+    from support import REPO
 
     out = tmp_path / "loader"
     cmd = [sys.executable, str(REPO / "benchmarks" / "loader_benchmark.py"), "--quick"]
@@ -261,7 +241,7 @@ def test_the_committed_loader_benchmark_shows_the_rates_the_readme_states():
     zarr-python's reads a chunk per call (the loader before) or more."""
     import json
 
-    from conftest import REPO
+    from support import REPO
 
     doc = json.loads((REPO / "benchmarks" / "results" / "loader.json").read_text())
     rows = [r for r in doc["rows"] if not r["one_core"]]
@@ -277,7 +257,7 @@ def test_the_committed_loader_benchmark_shows_the_rates_the_readme_states():
 def test_training_from_zarr_with_workers_equals_training_from_memory(data_root, tmp_path):
     """A D-CHAG run on 2 ranks whose batches come from Zarr (cache_mb 0) through a DataLoader
     worker each ends with the weights of the same run read from memory, bit for bit."""
-    from test_train import final_weights, finish, run_config, torchrun
+    from support.commands import final_weights, finish, run_config, torchrun
 
     root, base = data_root
     weights = {}
