@@ -22,7 +22,7 @@ CONDA_TO_PYPI = {
     "python-eccodes": "eccodes",  # ecCodes' Python interface (the PyPI wheel brings the library too)
 }
 # Packages that only conda-forge has (so pyproject.toml cannot name them).
-CONDA_ONLY = {"esmpy"}  # ESMF's Python interface, which xesmf needs
+CONDA_ONLY = {"esmpy", "xesmf"}  # ESMF's Python interface, and xesmf, which cannot import without it
 # What a rule family does not import (its rules run `dchag` subcommands that do not need it);
 # snakemake itself runs outside the rules' environments.
 NOT_NEEDED = {
@@ -40,7 +40,7 @@ def _requirements() -> dict[str, Requirement]:
     reqs = [Requirement(r) for r in project["dependencies"]]
     reqs += [
         Requirement(r)
-        for extra in ("xesmf", "download", "grib", "geotiff")
+        for extra in ("download", "grib", "geotiff")
         for r in project["optional-dependencies"][extra]
     ]
     return {_norm(r.name): r for r in reqs}
