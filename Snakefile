@@ -31,6 +31,7 @@ include: "workflow/rules/paper.smk"
 
 
 rule all:
+    """The whole pipeline: preprocessing, training, evaluation and figures."""
     default_target: True
     input:
         P.all_outputs(),

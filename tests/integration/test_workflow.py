@@ -501,6 +501,9 @@ def test_workflow_is_lint_clean_and_formatted():
     fmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent))
     proc = subprocess.run([fmt, "--check", "Snakefile", "workflow/rules"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    # `snakemake --list-rules` describes every rule (its docstring)
+    listed = snakemake(REPO, "--list-rules").stdout.splitlines()
+    assert len(listed) >= 35 and all(re.fullmatch(r"\w+ \(.+\.\)", line) for line in listed), listed
 
 
 def test_slurm_profile_plans_the_workflow_with_site_resources(tmp_path):

@@ -9,6 +9,7 @@ wildcard_constraints:
 if ERA5["demo"]:
 
     rule era5_demo_year:
+        """Synthetic ERA5-layout netCDF of one year (the demo's data, labelled synthetic)."""
         output:
             ERA5["inputs"],
         log:
@@ -26,6 +27,7 @@ if ERA5["demo"]:
     if ERA5["constants"]:
 
         rule era5_demo_constants:
+            """Synthetic constant fields (land-sea mask, orography) for the demo."""
             output:
                 ERA5["constants"],
             log:
@@ -44,6 +46,7 @@ if ERA5["demo"]:
 if ERA5["download"]:
 
     rule download_era5_year:
+        """Download one year of ERA5 (WeatherBench 2's GCS store or the CDS)."""
         output:
             next(p for p in ERA5["inputs"] if "{year}" in p),
         log:
@@ -61,6 +64,7 @@ if ERA5["download"]:
             "--output {output:q} > {log:q} 2>&1"
 
     rule download_era5:
+        """Every year the config names, downloaded."""
         input:
             [
                 p.format(year=y)
@@ -74,6 +78,7 @@ if ERA5["download"]:
 if P.era5_weights:
 
     rule era5_weights:
+        """Regridding weights from the source grid to the target grid (xESMF or dchag's ESMF rule)."""
         input:
             P.era5_inputs(P.era5_years("train")[0]),
         output:
@@ -91,6 +96,7 @@ if P.era5_weights:
 
 
 rule era5_year:
+    """One year of inputs regridded to the target grid and written as a float32 Zarr store."""
     input:
         unpack(era5_year_inputs),
     output:
@@ -119,6 +125,7 @@ rule era5_year:
 # year's worth of data (a block of days of every year), then the smoothing, channel by
 # channel. Memory per job is a chunk, whatever the number of years (benchmarks/results/preprocess.md).
 rule era5_year_stats:
+    """Per-channel statistics of one training year (combined into the normalisation)."""
     input:
         P.era5_year_store("{year}"),
     output:
@@ -140,6 +147,7 @@ rule era5_year_stats:
 
 
 rule era5_stats:
+    """Normalisation statistics (mean, std per channel) combined from the training years."""
     input:
         era5_stats_partials,
     output:
@@ -156,6 +164,7 @@ rule era5_stats:
 
 
 rule era5_split_part:
+    """One year of a split, normalised with the training statistics."""
     input:
         years=era5_split_years,
         stats=rules.era5_stats.output,
@@ -181,6 +190,7 @@ rule era5_split_part:
 
 
 rule era5_split:
+    """A split (train, val or test) assembled from its normalised years."""
     input:
         years=era5_split_years,
         parts=era5_split_parts,
@@ -206,6 +216,7 @@ rule era5_split:
 
 
 rule era5_climatology_part:
+    """One part of the training years' day-of-year sums (the climatology is summed by parts)."""
     input:
         era5_climatology_years,
     output:
@@ -231,6 +242,7 @@ rule era5_climatology_part:
 
 
 rule era5_climatology:
+    """The day-of-year climatology of the training years (for ACC and the climatology forecast)."""
     input:
         [P.era5_climatology_part(k) for k in range(1, P.era5_climatology_parts() + 1)],
     output:

@@ -4,6 +4,7 @@
 
 
 rule era5_truth:
+    """The test split denormalised: the truth the forecasts are scored against."""
     input:
         f"{RESULTS}/era5/test.zarr",
     output:
@@ -22,6 +23,7 @@ rule era5_truth:
 
 
 rule wb2_climatology:
+    """The climatology in WeatherBench 2's layout (for ACC under the wb2 convention)."""
     input:
         f"{RESULTS}/era5/climatology.zarr",
     output:
@@ -40,6 +42,7 @@ rule wb2_climatology:
 # The run's model folder over the test split: the initialisation times whose every lead is in
 # it (`dchag predict --verifiable`), what the scores compare over.
 rule forecast:
+    """A run's hindcast over the test period: dchag predict on its model folder."""
     input:
         model=RUN.model_json,
         test=f"{RESULTS}/era5/test.zarr",
@@ -65,6 +68,7 @@ rule forecast:
 
 
 rule baseline_forecast:
+    """A baseline forecast (persistence or climatology) over the test period."""
     input:
         test=f"{RESULTS}/era5/test.zarr",
         climatology=f"{EVAL_DIR}/era5/climatology.zarr",
@@ -88,6 +92,7 @@ rule baseline_forecast:
 
 
 rule score:
+    """Latitude-weighted RMSE, MSE and ACC of one forecast, under one convention (wb2 or climax)."""
     input:
         forecast=f"{EVAL_DIR}/era5/forecast_{{source}}.zarr",
         truth=f"{EVAL_DIR}/era5/truth.zarr",
@@ -116,6 +121,7 @@ rule score:
 
 
 rule compare_scores:
+    """D-CHAG's scores against its baseline's, per variable, lead time and metric."""
     input:
         baseline=compared_baseline,
         candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.csv",
@@ -143,6 +149,7 @@ rule compare_scores:
 
 
 rule evaluate_mae:
+    """Reconstruction scores (masked and full) of an MAE run on the test tiles."""
     input:
         model=RUN.model_json,
         store=f"{RESULTS}/hsi/mae.zarr",
@@ -165,6 +172,7 @@ rule evaluate_mae:
 
 
 rule evaluate_classification:
+    """Classification scores (overall and per-class accuracy) of a run on the test patches."""
     input:
         model=RUN.model_json,
         store=f"{RESULTS}/hsi/classification.zarr",
@@ -194,6 +202,7 @@ rule evaluate_classification:
 
 
 rule hsi_scores:
+    """The hyperspectral runs' scores in one table."""
     input:
         [f"{EVAL_DIR}/hsi/recon_{run}.json" for run in P.mae_runs]
         + [
@@ -221,6 +230,7 @@ rule hsi_scores:
 # classification scene, or reconstructing the first unlabelled image. (Its hindcast over the
 # test period is the evaluation's forecast_<run>.zarr.)
 rule predict_scene:
+    """A classification run's map of the whole scene (a named target, not part of all)."""
     input:
         model=RUN.model_json,
         image=classification_scene,
@@ -243,6 +253,7 @@ rule predict_scene:
 
 
 rule predict_reconstruction:
+    """An MAE run's reconstruction of an unlabelled image (a named target, not part of all)."""
     input:
         model=RUN.model_json,
         image=mae_image_input,

@@ -3,6 +3,7 @@
 
 
 rule fig_loss_curves:
+    """Figure: training and validation loss of every run."""
     input:
         [P.run_paths(run).log for run in P.train_runs],
     output:
@@ -24,6 +25,7 @@ rule fig_loss_curves:
 
 
 rule fig_lead_time:
+    """Figure: scores against lead time, D-CHAG beside the baseline and the reference forecasts."""
     input:
         lead_time_scores,
     output:
@@ -47,6 +49,7 @@ rule fig_lead_time:
 
 
 rule fig_forecast_maps:
+    """Figure: maps of a forecast, the truth and their difference."""
     input:
         forecasts=[f"{EVAL_DIR}/era5/forecast_{run}.zarr" for run in P.forecast_runs],
         truth=f"{EVAL_DIR}/era5/truth.zarr",
@@ -71,6 +74,7 @@ rule fig_forecast_maps:
 
 
 rule fig_hsi_reconstruction:
+    """Figure: an MAE run's reconstruction beside the image."""
     input:
         [f"{EVAL_DIR}/hsi/recon_{run}.npz" for run in P.mae_runs],
     output:
@@ -92,6 +96,7 @@ rule fig_hsi_reconstruction:
 
 
 rule fig_classification:
+    """Figure: the classification runs' results."""
     input:
         [
             f"{EVAL_DIR}/hsi/classification_{run}_map.npz"
@@ -116,6 +121,7 @@ rule fig_classification:
 
 
 rule fig_foundation:
+    """Figure: the foundation-model experiment (from scratch, fine-tuned, linear probe)."""
     input:
         unpack(foundation_inputs),
     output:
@@ -140,6 +146,7 @@ rule fig_foundation:
 
 # Every figure, from existing results (a named target: `snakemake figures`).
 rule figures:
+    """Every figure, redrawn from the results (no training)."""
     input:
         P.figure_outputs(),
     localrule: True
@@ -147,6 +154,7 @@ rule figures:
 
 # The verification experiment (config `verify`): a named target, not part of `all`.
 rule verify_report:
+    """The verification experiment's verdict table and figure."""
     input:
         verify_inputs,
     output:
@@ -175,6 +183,7 @@ rule verify_report:
 
 
 rule verify:
+    """The verification experiment (a named target, not part of all)."""
     input:
         rules.verify_report.output,
     localrule: True

@@ -5,6 +5,7 @@
 if HSI and HSI["demo"]:
 
     rule hsi_demo:
+        """A synthetic hyperspectral scene and images (the demo's data, labelled synthetic)."""
         output:
             image=HSI["classification"]["image"],
             labels=HSI["classification"]["labels"],
@@ -23,6 +24,7 @@ if HSI and HSI["demo"]:
 if "classification" in HSI:
 
     rule hsi_classification:
+        """A labelled scene preprocessed into classification patches (bands, normalisation, splits)."""
         input:
             hsi_classification_inputs(),
         output:
@@ -42,6 +44,7 @@ if "classification" in HSI:
 if "mae" in HSI:
 
     rule hsi_mae:
+        """Hyperspectral images preprocessed into MAE tiles (bands, normalisation, splits)."""
         input:
             hsi_mae_inputs(),
         output:

@@ -5,6 +5,7 @@
 
 
 rule paper_point:
+    """One point of the paper's sweep, measured under torchrun (throughput and memory)."""
     output:
         f"{RESULTS}/paper/points/{{point}}.json",
     log:
@@ -26,6 +27,7 @@ rule paper_point:
 
 
 rule fig_paper:
+    """Figure: one of the paper's memory/throughput figures, measured beside the published values."""
     input:
         paper_point_files,
     output:
@@ -50,6 +52,7 @@ rule fig_paper:
 
 
 rule fig_paper_accuracy:
+    """Figure: the paper's accuracy table from this config's own runs."""
     input:
         unpack(paper_accuracy_inputs),
     output:
@@ -75,6 +78,7 @@ rule fig_paper_accuracy:
 
 
 rule paper:
+    """The paper's experiments and figures (a named target)."""
     input:
         paper_outputs,
     localrule: True

@@ -6,6 +6,7 @@
 
 
 rule train:
+    """Train one run under torchrun (resumes from its newest checkpoint)."""
     input:
         unpack(train_inputs),
     output:
@@ -39,6 +40,7 @@ rule train:
 # A run as one self-describing model folder (model.safetensors + model.json): what another
 # run's init_from starts from, and what `dchag predict --model` takes.
 rule export_model:
+    """A run's model folder (weights, normalisation, channels, layout) from its final checkpoint."""
     input:
         unpack(export_inputs),
     output:
@@ -60,6 +62,7 @@ rule export_model:
 
 
 rule train_summary:
+    """Every run's training losses in one table."""
     input:
         [P.run_paths(run).log for run in P.train_runs],
     output:
