@@ -39,9 +39,7 @@ def _requirements() -> dict[str, Requirement]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = [Requirement(r) for r in project["dependencies"]]
     reqs += [
-        Requirement(r)
-        for extra in ("download", "grib", "geotiff")
-        for r in project["optional-dependencies"][extra]
+        Requirement(r) for extra in ("download", "grib", "geotiff") for r in project["optional-dependencies"][extra]
     ]
     return {_norm(r.name): r for r in reqs}
 
