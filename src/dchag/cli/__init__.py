@@ -15,16 +15,24 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 
 from .. import __version__
 from . import benefit, era5, evaluate, figures, hsi, paper, pipeline, predict, train
 
-DESCRIPTION = """The dchag pipeline's stages, one subcommand each (every Snakemake rule calls one).
+DESCRIPTION = """dchag: multi-channel foundation models trained with D-CHAG. The commands below are
+for people; the pipeline's steps, which its Snakemake rules run, are named at the end.
 
 A mistake in an input, file or setting, or a disk that is full or read-only, ends a command
 with one line naming what is at fault (exit status 2); -v shows the traceback."""
 
 STAGES = (era5, hsi, train, evaluate, predict, figures, paper, benefit, pipeline)
+# What a person types; every other subcommand is a pipeline step (a Snakemake rule calls it),
+# named apart at the end of --help.
+FOR_PEOPLE = (
+    "regrid", "download-era5", "preprocess-hsi", "train", "launch-train", "export", "predict", "score",
+    "compare-scores", "score-recon", "describe-model", "estimate-memory", "calibrate", "advise", "install-profile",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,14 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dchag {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages and show tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    steps = []
 
     def add(name: str, func, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, description=help_)
+        if name not in FOR_PEOPLE:
+            steps.append(name)
+        sp = sub.add_parser(name, description=help_, **({"help": help_} if name in FOR_PEOPLE else {}))
         sp.set_defaults(func=func)
         return sp
 
     for stage in STAGES:
         stage.register(add)
+    p.epilog = "pipeline steps (each run by a Snakemake rule; `dchag STEP --help` describes it):\n" + "\n".join(
+        textwrap.wrap(", ".join(steps), 88, initial_indent="  ", subsequent_indent="  ")
+    )
     return p
 
 

@@ -236,3 +236,20 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         cli.main(["hsi-scores", "x.json", "--output", "y.csv"])
     assert not issubclass(ZeroDivisionError, DchagError)
+
+
+def test_help_lists_the_commands_for_people_and_names_the_pipeline_steps_apart(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    listing, steps = text.split("pipeline steps")
+    commands = set(cli.build_parser()._subparsers._group_actions[0].choices)
+    assert set(cli.FOR_PEOPLE) < commands  # every name in the table is a command
+    for name in commands:
+        if name in cli.FOR_PEOPLE:
+            assert f"\n    {name} " in listing or f"\n    {name}\n" in listing, name
+        else:  # a step: named once, at the end, and still a command with its own help
+            assert f"\n    {name} " not in listing and name in steps.replace("\n", " "), name
+    with pytest.raises(SystemExit):
+        cli.main(["era5-year", "--help"])
+    assert "regrid one year" in capsys.readouterr().out
