@@ -145,6 +145,31 @@ def test_predict_on_a_fresh_machine_from_the_model_file_and_an_input_file_alone(
     np.testing.assert_allclose(fc["2m_temperature"].values, ref["2m_temperature"].values, rtol=1e-5)
 
 
+def test_lead_times_are_checked_first_and_an_ensemble_member_is_chosen(trained, tmp_path, capsys):
+    root, out, _ = trained
+    raw = Path(json.loads((out / "full_model" / "model.json").read_text())["data"]["era5"]["inputs"][0]).parent
+    model = str(out / "full_model")
+    # A lead time the model cannot make: refused before the (absent) input file is read.
+    code = main(["predict", "--model", model, "--input", str(tmp_path / "absent.nc"), "--lead-hours", "36",
+                 "--output", str(tmp_path / "x.zarr")])  # fmt: skip
+    assert code == 2 and "lead time(s) [36] h" in capsys.readouterr().err
+    # Initial conditions as an ensemble of two members (the second 1 unit warmer everywhere).
+    _initial_conditions(raw, tmp_path / "ic.nc")
+    one = xr.open_dataset(tmp_path / "ic.nc").load()
+    with xr.set_options(keep_attrs=True):
+        xr.concat([one, one + 1.0], dim="number").assign_coords(number=[0, 1]).to_netcdf(tmp_path / "ens.nc")
+
+    def predict(*extra):
+        return main(["predict", "--model", model, "--lead-hours", "24", *extra])
+
+    assert predict("--input", str(tmp_path / "ens.nc"), "--output", str(tmp_path / "e.zarr")) == 2
+    assert "ensemble of 2 members" in (err := capsys.readouterr().err) and "--member" in err
+    assert predict("--input", str(tmp_path / "ens.nc"), "--member", "0", "--output", str(tmp_path / "m0.zarr")) == 0
+    assert predict("--input", str(tmp_path / "ic.nc"), "--output", str(tmp_path / "det.zarr")) == 0
+    m0, det = xr.open_zarr(tmp_path / "m0.zarr"), xr.open_zarr(tmp_path / "det.zarr")
+    np.testing.assert_array_equal(m0.geopotential.values, det.geopotential.values)
+
+
 def _forecast_on_ranks(rank, world, model_dir, store, start, end, output):
     from dchag.predict import weather
     from dchag.predict.layout import lay_out

@@ -34,11 +34,14 @@ def _forecast(model, args) -> None:
         raise DchagError("a forecast needs --lead-hours")
     if args.verifiable and not args.store:
         raise DchagError("--verifiable keeps the initialisation times verified by --store STORE: give it")
+    if args.member is not None and not args.input:
+        raise DchagError("--member picks an ensemble member of --input FILE ...: give the files")
+    weather.check_leads(model, args.lead_hours)  # before any input is read
     if args.store:
         verified_at = args.lead_hours if args.verifiable else None
         inputs = weather.from_store(model, args.store, args.init_start, args.init_end, verified_at)
     else:
-        inputs = weather.from_files(model, args.input, args.init_start, args.init_end)
+        inputs = weather.from_files(model, args.input, args.init_start, args.init_end, args.member)
     out = weather.forecast(model, inputs, args.lead_hours, args.output, args.batch_size)
     if out is not None:
         print(f"{len(inputs.times)} forecast(s) at {args.lead_hours} h -> {out}")
@@ -105,6 +108,9 @@ def register(add) -> None:
     )
     sp.add_argument("--init-end", type=a_time, help="forecast: the last initialisation time (default: the last there)")
     sp.add_argument("--lead-hours", type=positive_int, nargs="+", help="forecast: lead times in hours")
+    sp.add_argument(
+        "--member", type=int, help="forecast: the ensemble member to read from --input files that hold several"
+    )
     sp.add_argument(
         "--verifiable",
         action="store_true",

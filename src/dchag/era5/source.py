@@ -169,8 +169,8 @@ class Era5Year:
             shown = ", ".join(map(str, members[:20])) + (", ..." if len(members) > 20 else "")
             if self.member is None:
                 raise Era5InputError(
-                    f"{path} is an ensemble of {len(members)} members ({dim} = {shown}); set era5.member to "
-                    "the one to read"
+                    f"{path} is an ensemble of {len(members)} members ({dim} = {shown}); choose the one to read: "
+                    "era5.member in the config (dchag predict: --member)"
                 )
             if self.member not in members:
                 raise Era5InputError(f"era5.member {self.member} is not a member of {path} ({dim} = {shown})")

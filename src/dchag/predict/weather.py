@@ -130,12 +130,15 @@ def _input_years(paths: list[str], start: str | None, end: str | None) -> list[i
     )
 
 
-def from_files(model: Model, paths: list[str], start: str | None = None, end: str | None = None) -> InitialConditions:
+def from_files(
+    model: Model, paths: list[str], start: str | None = None, end: str | None = None, member: int | None = None
+) -> InitialConditions:
     """A user's own initial conditions: files in any layout the ERA5 preprocessing reads,
     regridded onto the model's grid and converted as the training data were (the model's
     ``era5`` section, with these files as its inputs); the time-invariant channels come from
-    the model file. The entry point into the preprocessing is its per-year job
-    (``preprocess_year``) and its weights (``make_weights``) alone."""
+    the model file. ``member``: the ensemble member to read from files that hold several. The
+    entry point into the preprocessing is its per-year job (``preprocess_year``) and its weights
+    (``make_weights``) alone."""
     from ..config import validate
     from ..era5.preprocess import make_weights, preprocess_year
     from ..era5.source import channels_from_config
@@ -146,7 +149,7 @@ def from_files(model: Model, paths: list[str], start: str | None = None, end: st
     absent = [c for c in constants if c not in model.constants]
     if absent:
         raise PredictError(f"{model.source} holds no field of the constant channel(s) {absent}")
-    era5.update(inputs=[str(p) for p in paths], constants=None, demo=False, download=None)
+    era5.update(inputs=[str(p) for p in paths], constants=None, demo=False, download=None, member=member)
     era5["channels"]["constants"] = []
     # Re-validated by this dchag's schema: keys a newer reader adds take their defaults.
     era5 = validate({"name": "predict", "era5": era5}, "the model's era5 section", check_files=False)["era5"]
@@ -195,6 +198,19 @@ def _forecast_batch(run, model, inputs, sel, lead_hours, mean_all, std_all, mean
     return np.stack(per_lead, axis=1)
 
 
+def check_leads(model: Model, lead_hours: list[int]) -> None:
+    """Lead times this forecast model can make: positive multiples of its time step, each once
+    (checked before any input is read)."""
+    model.require(Task.FORECAST)
+    step = model.meta["lead_hours"]["time_step_hours"]
+    twice = sorted({h for h in lead_hours if lead_hours.count(h) > 1})
+    if twice:
+        raise PredictError(f"lead time(s) {twice} h given more than once")
+    bad = [h for h in lead_hours if h <= 0 or h % step]
+    if bad:
+        raise PredictError(f"lead time(s) {bad} h: the model steps {step} h; give positive multiples of it")
+
+
 def forecast(
     model: Model, inputs: InitialConditions, lead_hours: list[int], output: str, batch_size: int = 16
 ) -> Path | None:
@@ -202,15 +218,8 @@ def forecast(
     ``output`` (WB2 layout); under torchrun rank 0 writes and returns the path."""
     from ..evaluate.forecast import forecast_dataset
 
-    model.require(Task.FORECAST)
-    step = model.meta["lead_hours"]["time_step_hours"]
+    check_leads(model, lead_hours)
     lo, hi = model.meta["lead_hours"]["trained"]
-    twice = sorted({h for h in lead_hours if lead_hours.count(h) > 1})
-    if twice:
-        raise PredictError(f"lead time(s) {twice} h given more than once")
-    bad = [h for h in lead_hours if h <= 0 or h % step]
-    if bad:
-        raise PredictError(f"lead time(s) {bad} h: the model steps {step} h; give positive multiples of it")
     outside = [h for h in lead_hours if not lo <= h <= hi]
     if outside:
         log.warning(
