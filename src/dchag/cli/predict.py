@@ -17,7 +17,7 @@ def _training_store(cfg: dict, run: str, data: str | None) -> str:
 
 def cmd_export(args) -> None:
     from ..config import load_config
-    from ..predict.artifact import export
+    from ..predict.export import export
 
     cfg = load_config(args.config)
     export(cfg, args.run, args.checkpoint, args.output, _training_store(cfg, args.run, args.data))
@@ -61,7 +61,7 @@ def _on_image(apply, batch: int):
 
 
 def cmd_predict(args) -> None:
-    from ..model.file import load
+    from ..model.folder import load
     from ..predict import hsi
 
     model = load(args.model)
