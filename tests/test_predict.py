@@ -77,7 +77,7 @@ def trained(data_root, tmp_path_factory):
     return root, out, runs
 
 
-def test_the_exported_model_gives_the_runs_outputs(trained):
+def test_the_model_folder_gives_the_runs_outputs(trained):
     from dchag.predict.export import from_run
 
     root, out, runs = trained
