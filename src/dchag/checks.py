@@ -1,10 +1,10 @@
 """What can be checked about a training run before any job runs: its data section, its
 process layout, tensor parallelism against the model, the model's size against the memory it
 implies, the patch against the image, the mask ratio, the forecast outputs and leads, the batch
-against the data, an exported model a run starts from (checked as a whole, without its
+against the data, a model folder a run starts from (checked as a whole, without its
 weights' hash). The plan checks every run when the Snakefile is read (``dchag.plan.Plan``) and
 ``dchag train`` checks its run again (a run started by hand); torch-free but for a run that
-starts from an exported model folder, so planning stays fast."""
+starts from a model folder, so planning stays fast."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def init_source(run: str, runs: dict[str, dict]) -> tuple[str, str] | None:
 
 
 def check_init(s: Settings, run: str, runs: dict[str, dict], r: RunSettings) -> None:
-    """A run's init_from names a run of train.runs or an exported model folder, follows no
+    """A run's init_from names a run of train.runs or a model folder, follows no
     cycle, comes from data of the same family (named ERA5 channels, or bands); freezing needs
     a source, a linear probe a classifier."""
     key = f"train.runs.{run}"
@@ -126,7 +126,7 @@ def check_init(s: Settings, run: str, runs: dict[str, dict], r: RunSettings) -> 
     if (r.train.freeze or r.train.linear_probe) and not spec.get("init_from"):
         raise ConfigError(
             f"config key '{key}': train.freeze / train.linear_probe freeze pretrained parts; give init_from "
-            "(a run or an exported model) to start from"
+            "(a run or a model folder) to start from"
         )
     if r.train.linear_probe and not task_spec(spec["task"]).classifies:
         raise ConfigError(
@@ -162,7 +162,7 @@ def check_init(s: Settings, run: str, runs: dict[str, dict], r: RunSettings) -> 
         if not meta.is_file():
             raise ConfigError(
                 f"config key '{key}.init_from': {name!r} names no run of train.runs ({', '.join(runs)}) and no "
-                f"exported model folder (no {meta})"
+                f"model folder (no {meta})"
             )
         try:
             src_task = json.loads(meta.read_text()).get("task")
@@ -177,9 +177,9 @@ def check_init(s: Settings, run: str, runs: dict[str, dict], r: RunSettings) -> 
             f"reads {family}: nothing to match its channels by"
         )
     if kind == "model":  # the whole folder, as loading checks it before hashing: sizes, header, shapes
-        from .model.file import ArtifactError, check
+        from .model.folder import ModelFolderError, check
 
         try:
             check(name)
-        except ArtifactError as err:
+        except ModelFolderError as err:
             raise ConfigError(f"config key '{key}.init_from': {err}") from None

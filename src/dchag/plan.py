@@ -350,7 +350,7 @@ class Plan:
         return {split: str(path) for split, path in self.runs[run].stores().items()}
 
     def init_model(self, run: str) -> str | None:
-        """The exported model folder a run starts from: a source run's ``<run>/model`` (exported
+        """The model folder a run starts from: a source run's ``<run>/model`` (exported
         from its final checkpoint by the export rule), or the config's path."""
         source = init_source(run, self.all_runs)
         if source is None:

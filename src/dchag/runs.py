@@ -171,7 +171,7 @@ class RunPaths:
 
     @property
     def model(self) -> str:
-        """The exported model folder (model.json + model.safetensors)."""
+        """The model folder (model.json + model.safetensors)."""
         return f"{self.dir}/model"
 
     @property

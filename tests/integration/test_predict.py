@@ -1,4 +1,4 @@
-"""Using what was trained: the exported model file, `dchag predict` from it alone, and
+"""Using what was trained: the model folder, `dchag predict` from it alone, and
 fine-tuning from a pretrained model (init_from, freeze, linear probe)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from support.hsi import hsi_model
 
 from dchag.cli import main
 from dchag.config import ConfigError, settings
-from dchag.model import file as model_file
-from dchag.model.file import ArtifactError
+from dchag.model import folder as model_folder
+from dchag.model.folder import ModelFolderError
 from dchag.plan import check_run
 
 SUBSET = ["z500", "z850", "t500", "t2m", "lsm"]  # of the fixture's z/t at 500/850, t2m, u10, lsm
@@ -78,11 +78,11 @@ def trained(data_root, tmp_path_factory):
     return root, once(tmp_path_factory, "predict_runs", make), runs
 
 
-def test_the_exported_model_gives_the_runs_outputs(trained):
-    from dchag.predict.artifact import from_run
+def test_the_model_folder_gives_the_runs_outputs(trained):
+    from dchag.predict.export import from_run
 
     root, out, runs = trained
-    model = model_file.load(out / "full_model")  # one CPU, the folder alone
+    model = model_folder.load(out / "full_model")  # one CPU, the folder alone
     meta = json.loads((out / "full_model" / "model.json").read_text())
     assert meta["format"] == "dchag-model" and meta["task"] == "forecast" and meta["outputs"] == ["z500", "t2m"]
     names = [c["name"] for c in meta["channels"]]
@@ -108,13 +108,13 @@ def test_the_exported_model_gives_the_runs_outputs(trained):
 def _initial_conditions(raw: Path, path: Path) -> None:
     """The fixture's raw ERA5-layout files of 2001 (3.75 deg, CDS short names, the 2024 CDS
     netCDF's valid_time / pressure_level) as one netCDF of four days, without the constants
-    (the model file holds them)."""
+    (the model folder holds them)."""
     pl = xr.open_dataset(raw / "pressure_levels_2001.nc").load()
     sl = xr.open_dataset(raw / "single_levels_2001.nc").load().rename(time="valid_time")
     xr.merge([pl, sl], compat="override").isel(valid_time=slice(2, 6)).to_netcdf(path)
 
 
-def test_predict_on_a_fresh_machine_from_the_model_file_and_an_input_file_alone(trained, tmp_path):
+def test_predict_on_a_fresh_machine_from_the_model_folder_and_an_input_file_alone(trained, tmp_path):
     root, out, _ = trained
     raw = Path(json.loads((out / "full_model" / "model.json").read_text())["data"]["era5"]["inputs"][0]).parent
     fresh = tmp_path / "fresh"
@@ -174,10 +174,10 @@ def _forecast_on_ranks(rank, world, model_dir, store, start, end, output):
     from dchag.predict import weather
     from dchag.predict.layout import lay_out
 
-    probe = lay_out(model_file.load(model_dir))  # the run's layout: D-CHAG over 2 ranks, 2 shares of the times
+    probe = lay_out(model_folder.load(model_dir))  # the run's layout: D-CHAG over 2 ranks, 2 shares of the times
     assert probe.shares == world // 2 and probe.share_rank == rank // 2
     assert len(probe.channel_ids) < 7 and probe.net.group_gather is not None  # this rank's channel group
-    model = model_file.load(model_dir)
+    model = model_folder.load(model_dir)
     made = weather.forecast(model, weather.from_store(model, store, start, end), [24, 48], output, batch_size=1)
     assert (made is not None) == (rank == 0)
 
@@ -215,7 +215,7 @@ def test_verifiable_keeps_the_times_whose_every_lead_the_store_holds(trained, tm
     assert xr.open_zarr(tmp_path / "all.zarr").time.size == len(times)
 
 
-def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
+def test_bad_model_folders_are_one_line_errors(trained, tmp_path, capsys):
     _, out, _ = trained
     good = out / "full_model"
 
@@ -228,7 +228,7 @@ def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
     def crafted(d: Path) -> None:  # a header claiming 2**62 bytes; the hash made to match
         (d / "model.safetensors").write_bytes(struct.pack("<Q", 2**62) + b"{}")
         meta = json.loads((d / "model.json").read_text())
-        meta["weights"]["sha256"] = model_file._sha256(d / "model.safetensors")
+        meta["weights"]["sha256"] = model_folder._sha256(d / "model.safetensors")
         (d / "model.json").write_text(json.dumps(meta))
 
     def other_weights(d: Path) -> None:
@@ -244,8 +244,8 @@ def test_bad_model_files_are_one_line_errors(trained, tmp_path, capsys):
         "empty": (lambda d: (d / "model.json").unlink(), "has no model.json"),
     }
     for name, (edit, message) in cases.items():
-        with pytest.raises(ArtifactError, match=message):
-            model_file.load(broken(name, edit))
+        with pytest.raises(ModelFolderError, match=message):
+            model_folder.load(broken(name, edit))
     code = main(["predict", "--model", str(tmp_path / "crafted"), "--store", "x", "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "safetensors" in err
@@ -260,7 +260,7 @@ def _finetune_check(rank, world, cfg, out, stores, source_dir):
     from dchag.parallel.names import unwrap
     from dchag.train.trainer import Trainer
 
-    src = model_file.load(source_dir)
+    src = model_folder.load(source_dir)
     trainer = Trainer(cfg, "ft", out, stores, init_from=source_dir)
     model = unwrap(trainer.model)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -334,7 +334,7 @@ def test_init_from_is_checked_at_plan_time(trained, tmp_path):
 def _hsi_on_ranks(rank, world, model_dir, image, output):
     from dchag.predict import hsi
 
-    model = model_file.load(model_dir)
+    model = model_folder.load(model_dir)
     run = hsi.classify_scene if model.task == "classification" else hsi.reconstruct_image
     # small batches, so that each rank gets several (one tile a batch: the MAE masks are drawn per batch)
     made = run(model, image, output, None, 7 if model.task == "classification" else 1)
@@ -345,7 +345,7 @@ def _in_the_dchag_layout(model, directory):
     """The model saved as if trained with D-CHAG over 2 ranks (what predict lays out)."""
     model.meta["provenance"] = {**(model.meta.get("provenance") or {}),
                                 "fingerprint": {"parallel.tp": 2, "parallel.strategy": "dchag"}}  # fmt: skip
-    return model_file.save(model, directory)
+    return model_folder.save(model, directory)
 
 
 def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_path):
@@ -363,10 +363,10 @@ def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_
         "classification",
         {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
         {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
-        clip_percentiles=[2, 98],  # the training bounds travel in the model file and clip the new image
+        clip_percentiles=[2, 98],  # the training bounds travel in the model folder and clip the new image
     )
     assert len(model.meta["normalisation"]["clip"][0]) == model.config.in_channels
-    model_file.save(model, tmp_path / "model")
+    model_folder.save(model, tmp_path / "model")
     assert main(["predict", "--model", str(tmp_path / "model"), "--image", str(tmp_path / "img.mat"),
                  "--output", str(tmp_path / "map.zarr")]) == 0  # fmt: skip
     out = xr.open_zarr(tmp_path / "map.zarr")
@@ -410,7 +410,7 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
         {"images": [str(p) for p in images], "tile": 16},
         {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
     )
-    made = model_file.save(model, tmp_path / "model")
+    made = model_folder.save(model, tmp_path / "model")
     new = demo.write_envi(tmp_path / "new", count=1, rows=40, cols=40, seed=7)[0]
     assert main(["predict", "--model", str(made), "--image", str(new), "--output", str(tmp_path / "r.zarr"),
                  "--batch-size", "1"]) == 0  # fmt: skip
@@ -458,7 +458,7 @@ def test_bands_are_matched_by_centre_and_an_mae_head_only_for_the_same_bands():
     from support.parallel_checks import small_config
 
     from dchag.model.model import ChannelViT
-    from dchag.predict.artifact import Model
+    from dchag.predict.export import Model
     from dchag.train import finetune
 
     cmap = finetune.channel_map

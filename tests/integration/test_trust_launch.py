@@ -175,8 +175,8 @@ def forecast_model(data_root, tmp_path_factory):
 
     from dchag.config import run_settings
     from dchag.model import ChannelViT
-    from dchag.model import file as model_file
-    from dchag.predict import artifact
+    from dchag.model import folder as model_folder
+    from dchag.predict import export
     from dchag.train.tasks import build_task
 
     root, base = data_root
@@ -186,8 +186,8 @@ def forecast_model(data_root, tmp_path_factory):
     store = root / "era5" / "train.zarr"
     task = build_task(run_settings(cfg, "f"), {"train": store, "val": root / "era5" / "val.zarr"})
     torch.manual_seed(0)
-    model = artifact.describe(task, store, ChannelViT(task.model_cfg), {"run": "f"})
-    return model_file.save(model, tmp_path_factory.mktemp("model") / "model")
+    model = export.describe(task, store, ChannelViT(task.model_cfg), {"run": "f"})
+    return model_folder.save(model, tmp_path_factory.mktemp("model") / "model")
 
 
 @pytest.mark.parametrize("damage", ["lost shard", "truncated shard", "truncated zarr.json"])

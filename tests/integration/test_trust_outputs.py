@@ -116,7 +116,7 @@ def test_commands_refuse_their_inputs_run_directories_and_foreign_paths(stores, 
 
 
 def test_a_classification_map_is_refused_a_name_its_geotiff_or_png_would_take(tmp_path):
-    from dchag.model.file import Model
+    from dchag.model.folder import Model
     from dchag.predict import hsi
     from dchag.predict.layout import PredictError
 
@@ -192,7 +192,7 @@ def _model(embed_dim: int = 64, depth: int = 4):
     """An untrained forecast model, for its writer (export's)."""
     from support.parallel_checks import small_config
 
-    from dchag.model.file import Model
+    from dchag.model.folder import Model
     from dchag.model.model import ChannelViT
 
     net = ChannelViT(small_config(embed_dim=embed_dim, depth=depth))
@@ -200,12 +200,12 @@ def _model(embed_dim: int = 64, depth: int = 4):
 
 
 def _save_limited(model_dir: Path, limit: int) -> str:
-    """model.file.save (export's writer) under a file size limit, in a subprocess: its error."""
+    """model.folder.save (export's writer) under a file size limit, in a subprocess: its error."""
     code = (
         "import resource, sys; sys.path[:0] = ['tests', 'tests/integration'];"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}));"
-        "from test_trust_outputs import _model; from dchag.model import file;"
-        f"file.save(_model(), {str(model_dir)!r})"
+        "from test_trust_outputs import _model; from dchag.model import folder;"
+        f"folder.save(_model(), {str(model_dir)!r})"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[2])
     return proc.stderr.strip().splitlines()[-1] if proc.returncode else ""
@@ -237,7 +237,7 @@ def _wide(base: dict, **train) -> dict:
 
 
 def test_a_checkpoint_or_model_on_a_full_disk_is_one_line_and_leaves_nothing(data_root, small_disk):
-    from dchag.model import file
+    from dchag.model import folder
 
     root, base = data_root
     proc = train_once(_wide(base, steps=4), small_disk, root)  # the run's logs fit, its checkpoint does not
@@ -245,7 +245,7 @@ def test_a_checkpoint_or_model_on_a_full_disk_is_one_line_and_leaves_nothing(dat
     assert not list((small_disk / "run" / "checkpoints").iterdir())
     shutil.rmtree(small_disk / "run")
     with pytest.raises(OutputError, match=f"cannot write {small_disk / 'model'}: No space left on device"):
-        file.save(_model(256, 8), small_disk / "model")  # safetensors raises its SafetensorError
+        folder.save(_model(256, 8), small_disk / "model")  # safetensors raises its SafetensorError
     assert not list(small_disk.iterdir())
 
 

@@ -8,7 +8,7 @@ import xarray as xr
 from dchag.config import run_settings, validate
 from dchag.hsi.preprocess import preprocess_from_config
 from dchag.model import ChannelViT
-from dchag.predict import artifact
+from dchag.predict import export
 from dchag.train.tasks import build_task
 
 
@@ -36,7 +36,7 @@ def make_tiles(images, output, common: dict | None = None, **section):
 
 def hsi_model(tmp_path, task: str, section: dict, model: dict, **common):
     """An untrained (seeded) model of ``task`` on a store the real preprocessing made, as
-    artifact.describe gives it (what export writes)."""
+    export.describe gives it (what export writes)."""
     key = "classification" if task == "classification" else "mae"
     cfg = hsi_config(key, section, preset="indian_pines", **common)
     cfg = validate(
@@ -51,4 +51,4 @@ def hsi_model(tmp_path, task: str, section: dict, model: dict, **common):
     t = build_task(run_settings(cfg, "r"), {"train": store, "val": store})
     torch.manual_seed(0)
     net = ChannelViT(t.model_cfg)
-    return artifact.describe(t, store, net, {"run": "r"}), store
+    return export.describe(t, store, net, {"run": "r"}), store

@@ -164,13 +164,13 @@ def train_inputs(wildcards):
         "previous": [
             P.run_paths(r).log for r in previous_repeat(wildcards.run, P.verify_runs)
         ],
-        # the exported model it starts from (a source run's, made from its final checkpoint)
+        # the model folder it starts from (a source run's, made from its final checkpoint)
         "init": [f"{init}/model.json"] if init else [],
     }
 
 
 def init_option(wildcards, input):
-    """--init-from DIR for a run with init_from (the exported model's folder)."""
+    """--init-from DIR for a run with init_from (the model folder dchag export writes)."""
     return ["--init-from", str(Path(input.init[0]).parent)] if input.init else []
 
 

@@ -68,7 +68,7 @@ def cmd_score_recon(args) -> None:
 
 def cmd_evaluate_mae(args) -> None:
     from ..evaluate.hsi import evaluate_mae
-    from ..model.file import load
+    from ..model.folder import load
 
     r = evaluate_mae(load(args.model), args.data, args.output, args.samples, args.batch_size)
     for region in ("masked", "full") if r else ():
@@ -77,7 +77,7 @@ def cmd_evaluate_mae(args) -> None:
 
 def cmd_evaluate_classification(args) -> None:
     from ..evaluate.hsi import evaluate_classification
-    from ..model.file import load
+    from ..model.folder import load
 
     r = evaluate_classification(
         load(args.model), args.data, args.output, args.per_class, args.map, args.batch_size * 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..config import schema_default
 from ..vocabulary import Task
-from .common import a_time, config_arg, positive_int
+from .common import a_time, config_arg, nonneg_int, positive_int
 
 
 def _training_store(cfg: dict, run: str, data: str | None) -> str:
@@ -17,7 +17,7 @@ def _training_store(cfg: dict, run: str, data: str | None) -> str:
 
 def cmd_export(args) -> None:
     from ..config import load_config
-    from ..predict.artifact import export
+    from ..predict.export import export
 
     cfg = load_config(args.config)
     export(cfg, args.run, args.checkpoint, args.output, _training_store(cfg, args.run, args.data))
@@ -64,7 +64,7 @@ def _on_image(apply, batch: int):
 
 
 def cmd_predict(args) -> None:
-    from ..model.file import load
+    from ..model.folder import load
     from ..predict import hsi
 
     model = load(args.model)
@@ -109,7 +109,7 @@ def register(add) -> None:
     sp.add_argument("--init-end", type=a_time, help="forecast: the last initialisation time (default: the last there)")
     sp.add_argument("--lead-hours", type=positive_int, nargs="+", help="forecast: lead times in hours")
     sp.add_argument(
-        "--member", type=int, help="forecast: the ensemble member to read from --input files that hold several"
+        "--member", type=nonneg_int, help="forecast: the ensemble member to read from --input files that hold several"
     )
     sp.add_argument(
         "--verifiable",

@@ -94,7 +94,7 @@ def cmd_describe_model(args) -> None:
 def _train_data_args(sp) -> None:
     sp.add_argument(
         "--init-from",
-        help="an exported model folder to start from (the run's init_from; a source run's <run>/model)",
+        help="a model folder to start from (the run's init_from; a source run's <run>/model)",
     )
     sp.add_argument(
         "--train-data",

@@ -151,7 +151,7 @@ class RunSettings(Settings):
 
     run: str
     task: Task
-    init_from: str | None  # a run name or an exported model folder
+    init_from: str | None  # a run name or a model folder
     channels: list[str] | None  # forecast runs: a subset of the era5 channels
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import provenance
-from ..model.file import Model
+from ..model.folder import Model
 from ..predict.hsi import class_probabilities, reconstruct_tiles
 from ..predict.layout import PredictError, lay_out
 from ..store import atomic_path

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from .. import provenance
 from ..hsi.bands import match_bands
 from ..model import random_masking
-from ..model.file import Model
+from ..model.folder import Model
 from ..store import atomic_path, check_output, write_zarr
 from ..vocabulary import Task
 from .layout import PredictError, lay_out
@@ -60,7 +60,7 @@ def read_scene(model: Model, path: str, key: str | None = None) -> tuple[np.ndar
 
     hsi = model.meta["data"]["hsi"]
     norm = model.meta["normalisation"]
-    if hsi.get("clip_percentiles") and "clip" not in norm:  # a model file from before the bounds were kept
+    if hsi.get("clip_percentiles") and "clip" not in norm:  # a model folder from before the bounds were kept
         raise PredictError(
             f"{model.source} was trained on values clipped to percentiles and does not hold the bounds: export it again"
         )

@@ -1,4 +1,4 @@
-"""Where a prediction runs: one device, or a torchrun group in the layout the model file
+"""Where a prediction runs: one device, or a torchrun group in the layout the model folder
 records (``layout``: its run's ``parallel.tp`` and ``parallel.strategy``).
 
 Under torchrun the process group, the ("dp", "tp") mesh and the parallelization are those of
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import DchagError
-from ..model.file import Model
+from ..model.folder import Model
 from ..vocabulary import MeshAxis
 
 

@@ -1,4 +1,4 @@
-"""Forecasts from a trained model (a run or an exported model) for given initialisation times:
+"""Forecasts from a trained model (a run or a model folder) for given initialisation times:
 a date range of a store (hindcasts over a period into one store), or a user's own initial
 conditions in any input layout the pipeline's ERA5 preprocessing reads, regridded and
 normalised as in training. Written in physical units in WeatherBench 2's layout
@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import provenance
-from ..model.file import Model
+from ..model.folder import Model
 from ..store import absent_chunks, atomic_path, compressors, open_any, open_store, reading
 from ..vocabulary import Task
 from .layout import PredictError, lay_out
@@ -136,7 +136,7 @@ def from_files(
     """A user's own initial conditions: files in any layout the ERA5 preprocessing reads,
     regridded onto the model's grid and converted as the training data were (the model's
     ``era5`` section, with these files as its inputs); the time-invariant channels come from
-    the model file. ``member``: the ensemble member to read from files that hold several. The
+    the model folder. ``member``: the ensemble member to read from files that hold several. The
     entry point into the preprocessing is its per-year job (``preprocess_year``) and its weights
     (``make_weights``) alone."""
     from ..config import validate

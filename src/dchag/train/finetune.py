@@ -1,6 +1,6 @@
 """Starting a run from a pretrained model (``train.runs.<run>.init_from``), and freezing parts.
 
-The source is an exported model folder (``dchag export``; the pipeline exports a source run
+The source is a model folder (``dchag export``; the pipeline exports a source run
 to ``<run>/model`` first). Its weights go into the one-device model before it is
 parallelized, each parameter as far as it fits:
 
@@ -96,7 +96,7 @@ def _resize_pos(pos: torch.Tensor, src_grid: tuple[int, int], tgt_grid: tuple[in
 
 
 def initialise(model: nn.Module, target: dict, source, same_task: bool) -> dict:
-    """Load ``source`` (a :class:`dchag.model.file.Model`) into the one-device ``model``
+    """Load ``source`` (a :class:`dchag.model.folder.Model`) into the one-device ``model``
     as far as it fits; ``target`` describes this run's channels ({"names"} or
     {"wavelengths"}). Returns {"loaded": [...], "resized": [...], "new": [...], "channels":
     {...}}; raises FineTuneError if nothing but fresh parameters would remain."""

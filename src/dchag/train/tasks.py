@@ -91,17 +91,17 @@ class Task:
         raise NotImplementedError
 
     def fits_head_of(self, source) -> bool:
-        """Whether the head of ``source`` (a :class:`dchag.model.file.Model`) predicts what
+        """Whether the head of ``source`` (a :class:`dchag.model.folder.Model`) predicts what
         this run's does: the same task (and the same outputs or classes)."""
         return source.task == self.name
 
     def export_meta(self, store: Path) -> dict:
-        """What the model file of a run of this task records about its data (model.json),
+        """What the model folder of a run of this task records about its data (model.json),
         read from its training ``store``."""
         raise NotImplementedError
 
     def export_constants(self, store: Path, meta: dict) -> dict[str, np.ndarray]:
-        """Fields the model file holds beside the weights (none but a forecast's constants)."""
+        """Fields the model folder holds beside the weights (none but a forecast's constants)."""
         return {}
 
     @property

@@ -197,7 +197,7 @@ class Trainer:
         source = self.cfg.init_from
         if source is None:
             return None, {}
-        from ..model.file import load
+        from ..model.folder import load
 
         src = load(source)
         report = finetune.initialise(model, self.task.channel_target(), src, self.task.fits_head_of(src))
@@ -371,7 +371,7 @@ class Trainer:
 
 
 def _with_init_from(config: dict, run: str, init_from: str | Path | None) -> dict:
-    """The config with the run's init_from set to the exported model it starts from: a run
+    """The config with the run's init_from set to the model folder it starts from: a run
     named there is exported by the pipeline and given as ``--init-from``."""
     runs = config.get("train", {}).get("runs", {})
     spec = runs.get(run)
@@ -380,7 +380,7 @@ def _with_init_from(config: dict, run: str, init_from: str | Path | None) -> dic
     named = spec.get("init_from")
     if init_from is None:
         if named is not None and named in runs:
-            raise ConfigError(f"run {run!r} starts from run {named!r}: give its exported model (--init-from DIR)")
+            raise ConfigError(f"run {run!r} starts from run {named!r}: give its model folder (--init-from DIR)")
         return config
     out = {**config, "train": {**config["train"], "runs": {**runs, run: {**spec, "init_from": str(init_from)}}}}
     return out

@@ -332,8 +332,8 @@ def _classifier_of(tmp_path, image, labels):
     from dchag.config import run_settings, validate
     from dchag.hsi.preprocess import preprocess_from_config
     from dchag.model import ChannelViT
-    from dchag.model import file as model_file
-    from dchag.predict import artifact
+    from dchag.model import folder as model_folder
+    from dchag.predict import export
     from dchag.train.tasks import build_task
 
     cfg = hsi_config("classification", {"image": str(image), "labels": str(labels), "patch": 3})
@@ -348,8 +348,8 @@ def _classifier_of(tmp_path, image, labels):
     store = preprocess_from_config(cfg, "classification", tmp_path / "train.zarr")
     t = build_task(run_settings(cfg, "r"), {"train": store, "val": store})
     torch.manual_seed(0)
-    model = artifact.describe(t, store, ChannelViT(t.model_cfg), {"run": "r"})
-    return model_file.save(model, tmp_path / "model")
+    model = export.describe(t, store, ChannelViT(t.model_cfg), {"run": "r"})
+    return model_folder.save(model, tmp_path / "model")
 
 
 @pytest.fixture

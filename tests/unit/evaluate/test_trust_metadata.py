@@ -141,7 +141,7 @@ def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys
     from support.hsi import hsi_model
 
     from dchag.hsi import demo
-    from dchag.model import file as model_file
+    from dchag.model import folder as model_folder
 
     cube, labels, centres, _ = demo.scene(24, 24, seed=3)
     scipy.io.savemat(tmp_path / "img.mat", {"indian_pines": cube})
@@ -152,7 +152,7 @@ def test_an_image_three_times_coarser_than_the_model_is_refused(tmp_path, capsys
         {"image": str(tmp_path / "img.mat"), "labels": str(tmp_path / "gt.mat"), "patch": 5},
         {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2},
     )
-    model_file.save(model, tmp_path / "model")
+    model_folder.save(model, tmp_path / "model")
 
     def geotiff(path, keep):
         with rasterio.open(path, "w", driver="GTiff", height=24, width=24, count=len(keep), dtype="float32") as dst:

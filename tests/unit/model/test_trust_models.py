@@ -24,8 +24,8 @@ from dchag.cli import main
 from dchag.config import ConfigError, settings, validate
 from dchag.hsi import demo
 from dchag.model import ChannelViT
-from dchag.model import file as model_file
-from dchag.model.file import ArtifactError
+from dchag.model import folder as model_folder
+from dchag.model.folder import ModelFolderError
 from dchag.plan import check_run
 from dchag.train import checkpoint as ckpt
 
@@ -46,7 +46,7 @@ def _within(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-# -- exported model folders ------------------------------------------------------------------------
+# -- model folders ------------------------------------------------------------------------
 MODEL = {"patch_size": 1, "embed_dim": 16, "depth": 1, "num_heads": 2, "aggregation": "linear", "groups": 2}
 
 
@@ -64,7 +64,7 @@ def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("model")
     section = _section(tmp)
     model, _ = hsi_model(tmp, "classification", section, MODEL)
-    model_file.save(model, tmp / "model")
+    model_folder.save(model, tmp / "model")
     return tmp / "model", section
 
 
@@ -126,8 +126,8 @@ CRAFTED = {
 def test_every_malformed_model_description_is_one_line_naming_file_and_key(exported, tmp_path, capsys, case):
     edit, key = CRAFTED[case]
     d = _copy(exported[0], tmp_path / "m", edit)
-    with _within(20), pytest.raises(ArtifactError, match=key) as err:
-        model_file.load(d)
+    with _within(20), pytest.raises(ModelFolderError, match=key) as err:
+        model_folder.load(d)
     assert str(d / "model.json") in str(err.value) and "\n" not in str(err.value)
     code = main(["predict", "--model", str(d), "--image", exported[1]["image"], "--output", str(tmp_path / "o.zarr")])
     stderr = capsys.readouterr().err
@@ -146,8 +146,8 @@ def test_the_tensor_shapes_are_compared_before_the_network_is_built(exported, tm
                            (40000, r"describes a network of 27,218,000,206 parameters")):  # fmt: skip
         d = _copy(exported[0], tmp_path / str(width), _set("model.embed_dim", width))
         before = _peak_rss_mb()
-        with pytest.raises(ArtifactError, match=message):
-            model_file.load(d)
+        with pytest.raises(ModelFolderError, match=message):
+            model_folder.load(d)
         assert _peak_rss_mb() - before < 200
 
 
@@ -156,15 +156,15 @@ def test_the_weights_are_hashed_only_after_header_and_size_are_checked(exported,
     d = _copy(exported[0], tmp_path / "m")
     with open(d / "model.safetensors", "r+b") as f:
         f.truncate(2**40)
-    with _within(10), pytest.raises(ArtifactError, match=r"model.safetensors is 1099511627776 bytes; its header"):
-        model_file.load(d)
+    with _within(10), pytest.raises(ModelFolderError, match=r"model.safetensors is 1099511627776 bytes; its header"):
+        model_folder.load(d)
     # a header claiming 2**62 bytes, the hash made to match
     (d / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}")
     meta = json.loads((d / "model.json").read_text())
-    meta["weights"]["sha256"] = model_file._sha256(d / "model.safetensors")
+    meta["weights"]["sha256"] = model_folder._sha256(d / "model.safetensors")
     (d / "model.json").write_text(json.dumps(meta))
-    with _within(10), pytest.raises(ArtifactError, match="a header of 4611686018427387904 bytes"):
-        model_file.load(d)
+    with _within(10), pytest.raises(ModelFolderError, match="a header of 4611686018427387904 bytes"):
+        model_folder.load(d)
 
 
 def test_a_description_too_large_to_load_is_refused_by_its_parameter_count(exported, tmp_path):
@@ -173,8 +173,8 @@ def test_a_description_too_large_to_load_is_refused_by_its_parameter_count(expor
     big = {"embed_dim": 2**14, "depth": 512, "num_heads": 16}
     d = _copy(exported[0], tmp_path / "m", lambda meta: {**meta, "model": {**meta["model"], **big}})
     before = _peak_rss_mb()
-    with _within(20), pytest.raises(ArtifactError, match=r"describes a network of [\d,]+ parameters"):
-        model_file.load(d)
+    with _within(20), pytest.raises(ModelFolderError, match=r"describes a network of [\d,]+ parameters"):
+        model_folder.load(d)
     assert _peak_rss_mb() - before < 500
 
 
@@ -186,8 +186,8 @@ def test_the_weights_file_is_a_bare_name_inside_the_folder(exported, tmp_path, w
     name = str(outside / "model.safetensors") if where == "absolute" else "../elsewhere/model.safetensors"
     d = _copy(exported[0], tmp_path / "m", _set("weights.file", name))
     (d / "model.safetensors").unlink()
-    with pytest.raises(ArtifactError, match="'weights.file' .* the bare name model.safetensors inside the model"):
-        model_file.load(d)
+    with pytest.raises(ModelFolderError, match="'weights.file' .* the bare name model.safetensors inside the model"):
+        model_folder.load(d)
 
 
 def test_weights_of_the_right_shapes_are_still_compared_with_their_hash(exported, tmp_path):
@@ -195,15 +195,15 @@ def test_weights_of_the_right_shapes_are_still_compared_with_their_hash(exported
     data = bytearray((d / "model.safetensors").read_bytes())
     data[-16:] = bytes(b ^ 0xFF for b in data[-16:])
     (d / "model.safetensors").write_bytes(bytes(data))
-    model_file.check(d)  # header, size and shapes are right
-    with pytest.raises(ArtifactError, match="is not the file .* describes"):
-        model_file.load(d)
+    model_folder.check(d)  # header, size and shapes are right
+    with pytest.raises(ModelFolderError, match="is not the file .* describes"):
+        model_folder.load(d)
 
 
 def test_a_well_formed_folder_still_checks_and_loads(exported, tmp_path):
-    model = model_file.load(exported[0])
+    model = model_folder.load(exported[0])
     assert model.config.embed_dim == 16 and model.task == "classification"
-    meta, cfg = model_file.check(exported[0])
+    meta, cfg = model_folder.check(exported[0])
     assert cfg == model.config and meta["weights"]["file"] == "model.safetensors"
 
 
@@ -394,11 +394,11 @@ def test_a_checkpoint_that_lost_its_checksums_is_damaged(tmp_path, caplog):
     assert all(torch.equal(v, at_2[k]) for k, v in model.state_dict().items())
 
 
-def test_a_model_file_from_before_the_fused_front_end_loads_and_runs_either_way(exported, tmp_path):
-    """An exported model whose model.json has no fused_front_end (written before it existed)
+def test_a_model_folder_from_before_the_fused_front_end_loads_and_runs_either_way(exported, tmp_path):
+    """A model folder whose model.json has no fused_front_end (written before it existed)
     loads with the schema's default, and gives the token path's outputs."""
     old = _copy(exported[0], tmp_path / "old", _set("model.fused_front_end", ...))
-    loaded = model_file.load(old)
+    loaded = model_folder.load(old)
     assert loaded.config.fused_front_end is True
     tokens = ChannelViT(dataclasses.replace(loaded.config, fused_front_end=False)).eval()
     tokens.load_state_dict(loaded.network.state_dict())
@@ -406,5 +406,5 @@ def test_a_model_file_from_before_the_fused_front_end_loads_and_runs_either_way(
     with torch.no_grad():
         torch.testing.assert_close(loaded.network(x), tokens(x), rtol=1e-5, atol=1e-6)
     bad = _copy(exported[0], tmp_path / "bad", _set("model.fused_front_end", "yes"))
-    with pytest.raises(model_file.ArtifactError, match="model.fused_front_end"):
-        model_file.load(bad)
+    with pytest.raises(model_folder.ModelFolderError, match="model.fused_front_end"):
+        model_folder.load(bad)

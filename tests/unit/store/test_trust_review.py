@@ -17,8 +17,8 @@ import xarray as xr
 from support.commands import dchag, digest, one_line, short_run
 
 from dchag.cli import main
-from dchag.model import file as model_file
-from dchag.model.file import ArtifactError
+from dchag.model import folder as model_folder
+from dchag.model.folder import ModelFolderError
 from dchag.store import OutputError, atomic_path, write_zarr
 
 
@@ -74,29 +74,29 @@ def forecast_model(data_root, tmp_path_factory):
     """An untrained (seeded) forecast model of two outputs, as export describes and saves it."""
     from dchag.config import run_settings
     from dchag.model import ChannelViT
-    from dchag.predict import artifact
+    from dchag.predict import export
     from dchag.train.tasks import build_task
 
     root, base = data_root
     store = root / "era5" / "train.zarr"
     t = build_task(run_settings(short_run(base), "f"), {"train": store, "val": store})
     torch.manual_seed(0)
-    model = artifact.describe(t, store, ChannelViT(t.model_cfg), {"run": "f"})
-    return model_file.save(model, tmp_path_factory.mktemp("fm") / "model")
+    model = export.describe(t, store, ChannelViT(t.model_cfg), {"run": "f"})
+    return model_folder.save(model, tmp_path_factory.mktemp("fm") / "model")
 
 
 def test_a_models_outputs_must_name_its_heads_channels_in_order(forecast_model, tmp_path):
     meta = json.loads((forecast_model / "model.json").read_text())
     assert meta["outputs"] == ["z500", "t2m"]
-    assert model_file.load(forecast_model).meta["outputs"] == ["z500", "t2m"]
+    assert model_folder.load(forecast_model).meta["outputs"] == ["z500", "t2m"]
     # swapped: the z500 head would be written as t2m in t2m's units (plausible values, all wrong);
     # repeated: t2m silently dropped
     for outputs in (["t2m", "z500"], ["z500", "z500"]):
         d = tmp_path / "_".join(outputs)
         shutil.copytree(forecast_model, d)
         (d / "model.json").write_text(json.dumps({**meta, "outputs": outputs}))
-        with pytest.raises(ArtifactError, match=r"key 'outputs' is .*; expected \['z500', 't2m'\]") as err:
-            model_file.load(d)
+        with pytest.raises(ModelFolderError, match=r"key 'outputs' is .*; expected \['z500', 't2m'\]") as err:
+            model_folder.load(d)
         assert str(d / "model.json") in str(err.value) and "\n" not in str(err.value)
 
 

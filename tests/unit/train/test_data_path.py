@@ -25,13 +25,13 @@ def _forecast_model(root: Path, cfg: dict, store: Path):
 
     from dchag.config import run_settings, validate
     from dchag.model import ChannelViT
-    from dchag.predict import artifact
+    from dchag.predict import export
     from dchag.train.tasks import build_task
 
     c = validate(run_config(cfg, steps=1))
     t = build_task(run_settings(c, "f"), {"train": store, "val": store})
     torch.manual_seed(0)
-    return artifact.describe(t, store, ChannelViT(t.model_cfg), {"run": "f"})
+    return export.describe(t, store, ChannelViT(t.model_cfg), {"run": "f"})
 
 
 def test_every_era5_store_the_pipeline_writes_is_float32(data_root, tmp_path):

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from ...errors import DchagError
-from ...model.file import _sha256
+from ...model.folder import _sha256
 
 log = logging.getLogger(__name__)
 

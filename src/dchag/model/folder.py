@@ -1,4 +1,4 @@
-"""The model file: one folder that a single CPU loads with nothing else.
+"""The model folder: what a single CPU loads with nothing else.
 
 ``<dir>/model.safetensors``
     the consolidated one-device weights (no DTensor shards, D-CHAG's tokenizer blocks side
@@ -24,7 +24,7 @@ shape equal to those of the network model.json describes (built on torch's meta 
 memory), the parameter count within :data:`MAX_PARAMETERS`; only then is the file hashed
 (:func:`load`) and the network built.
 
-:func:`load` reads it, :func:`save` writes it; ``dchag.predict.artifact`` makes one from a
+:func:`load` reads it, :func:`save` writes it; ``dchag.predict.export`` makes one from a
 trained run (``dchag export``), and ``predict`` and fine-tuning take either.
 """
 
@@ -73,8 +73,8 @@ DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", to
 ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 
 
-class ArtifactError(DchagError, ValueError):
-    """A model file is not a dchag model, is damaged, or does not fit what it is used for."""
+class ModelFolderError(DchagError, ValueError):
+    """A model folder is not a dchag model, is damaged, or does not fit what it is used for."""
 
 
 @dataclass
@@ -101,12 +101,12 @@ class Model:
     def require(self, task: Task) -> None:
         """Refuse a model of another task than the use it is put to."""
         if self.task != task:
-            raise ArtifactError(f"{self.source} is a {self.task} model, not a {task} model")
+            raise ModelFolderError(f"{self.source} is a {self.task} model, not a {task} model")
 
     @property
     def layout(self) -> tuple[int, str]:
         """(parallel.tp, parallel.strategy) of the run it was trained in: how predict lays it
-        out under torchrun (a model file without ``layout``: one rank's model, shared out by data)."""
+        out under torchrun (a model folder without ``layout``: one rank's model, shared out by data)."""
         layout = self.meta.get("layout") or {"tp": 1, "strategy": "baseline"}
         return int(layout["tp"]), str(layout["strategy"])
 
@@ -123,7 +123,7 @@ def _sha256(path: Path) -> str:
 
 
 def save(model: Model, directory: str | Path) -> Path:
-    """Write ``model`` as an exported model folder (atomically)."""
+    """Write ``model`` as a model folder (atomically)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -155,10 +155,10 @@ class _Checker:
     def __init__(self, path: Path):
         self.path = path
 
-    def fail(self, key: str, value, expected: str) -> ArtifactError:
+    def fail(self, key: str, value, expected: str) -> ModelFolderError:
         shown = json.dumps(value, default=str)
         shown = shown if len(shown) <= 60 else shown[:50] + "…"
-        return ArtifactError(f"{self.path}: key {key!r} is {shown}; expected {expected}")
+        return ModelFolderError(f"{self.path}: key {key!r} is {shown}; expected {expected}")
 
     def need(self, ok: bool, key: str, value, expected: str) -> None:
         if not ok:
@@ -166,7 +166,7 @@ class _Checker:
 
     def get(self, d: dict, key: str, prefix: str = ""):
         if key not in d:
-            raise ArtifactError(f"{self.path}: key {prefix + key!r} is missing")
+            raise ModelFolderError(f"{self.path}: key {prefix + key!r} is missing")
         return d[key]
 
     def section(self, d: dict, key: str, prefix: str = "") -> dict:
@@ -178,13 +178,13 @@ class _Checker:
 def _model_config(c: _Checker, m) -> ModelConfig:
     """model.json's ``model`` as a ModelConfig, every setting checked (type and range)."""
     c.need(isinstance(m, dict), "model", m, "a mapping of the model's settings")
-    # a model file from before the fused front end: the schema's default way to compute it
+    # a model folder from before the fused front end: the schema's default way to compute it
     m = {"fused_front_end": model_settings().fused_front_end, **m}
     c.need(isinstance(m["fused_front_end"], bool), "model.fused_front_end", m["fused_front_end"], "true or false")
     known = {f.name: f for f in fields(ModelConfig)}
     for k in m:
         if k not in known:
-            raise ArtifactError(f"{c.path}: key 'model.{k}' is no setting of a dchag model")
+            raise ModelFolderError(f"{c.path}: key 'model.{k}' is no setting of a dchag model")
     for k, f in known.items():
         if f.default is MISSING and f.default_factory is MISSING:
             c.get(m, k, "model.")
@@ -220,7 +220,7 @@ def _model_config(c: _Checker, m) -> ModelConfig:
     try:
         return ModelConfig(**m)
     except ValueError as err:
-        raise ArtifactError(f"{c.path}: key 'model': {err}") from None
+        raise ModelFolderError(f"{c.path}: key 'model': {err}") from None
 
 
 def _check_description(c: _Checker, meta: dict, cfg: ModelConfig) -> None:
@@ -309,17 +309,17 @@ _CHECKS = {Task.FORECAST: _check_forecast, Task.MAE: _check_mae, Task.CLASSIFICA
 def _read_meta(directory: Path) -> tuple[dict, ModelConfig]:
     path = directory / META
     if not path.is_file():
-        raise ArtifactError(f"{directory} is not an exported dchag model: it has no {META}")
+        raise ModelFolderError(f"{directory} is not a dchag model folder: it has no {META}")
     if path.stat().st_size > MAX_META_BYTES:
-        raise ArtifactError(f"{path}: {path.stat().st_size} bytes is too large for a dchag model description")
+        raise ModelFolderError(f"{path}: {path.stat().st_size} bytes is too large for a dchag model description")
     try:
         meta = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise ArtifactError(f"{path} is not JSON: {err}") from None
+        raise ModelFolderError(f"{path} is not JSON: {err}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ArtifactError(f"{path} does not describe a dchag model (no 'format: {FORMAT}'); made by something else?")
+        raise ModelFolderError(f"{path} does not describe a dchag model (no 'format: {FORMAT}'); made elsewhere?")
     if meta.get("format_version") != VERSION:
-        raise ArtifactError(f"{path}: format_version {meta.get('format_version')!r}; this dchag reads {VERSION}")
+        raise ModelFolderError(f"{path}: format_version {meta.get('format_version')!r}; this dchag reads {VERSION}")
     c = _Checker(path)
     for key in ("task", "model", "normalisation", "weights"):
         c.get(meta, key)
@@ -344,16 +344,16 @@ def _read_header(weights: Path) -> dict[str, dict]:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
-            raise ArtifactError(
+            raise ModelFolderError(
                 f"{weights} is not a readable safetensors file: a header of {n} bytes in a file of {size} bytes"
             )
         text = f.read(n)
     try:
         header = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise ArtifactError(f"{weights} is not a readable safetensors file: its header is not JSON ({err})") from None
+        raise ModelFolderError(f"{weights} is not a readable safetensors file: its header is no JSON ({err})") from None
     if not isinstance(header, dict):
-        raise ArtifactError(f"{weights} is not a readable safetensors file: its header is not a mapping")
+        raise ModelFolderError(f"{weights} is not a readable safetensors file: its header is not a mapping")
     header.pop("__metadata__", None)
     end = 0
     for name, entry in header.items():
@@ -367,40 +367,40 @@ def _read_header(weights: Path) -> dict[str, dict]:
             and all(_is_int(v, 0) for v in entry["data_offsets"])
         )
         if not ok:
-            raise ArtifactError(f"{weights}: the header's entry {name!r} is not a safetensors tensor entry")
+            raise ModelFolderError(f"{weights}: the header's entry {name!r} is not a safetensors tensor entry")
     spans = sorted((e["data_offsets"][0], e["data_offsets"][1], k) for k, e in header.items())
     for lo, hi, name in spans:
         entry = header[name]
         nbytes = math.prod(entry["shape"]) * ITEMSIZE[entry["dtype"]]
         if lo != end or hi - lo != nbytes:
-            raise ArtifactError(
+            raise ModelFolderError(
                 f"{weights}: the header's entry {name!r} lies at bytes {lo}..{hi}, not at {end}..{end + nbytes}"
             )
         end = hi
     if size != 8 + n + end:
-        raise ArtifactError(f"{weights} is {size} bytes; its header describes {8 + n + end}")
+        raise ModelFolderError(f"{weights} is {size} bytes; its header describes {8 + n + end}")
     return header
 
 
 def check(directory: str | Path) -> tuple[dict, ModelConfig]:
-    """Check an exported model folder as a whole without hashing it or building its network:
+    """Check a model folder as a whole without hashing it or building its network:
     model.json, the weights file's header, size and every tensor's name, dtype and shape
     against the network model.json describes, and the parameter count. Returns model.json's
-    content and its ModelConfig; raises ArtifactError naming the file and what is wrong."""
+    content and its ModelConfig; raises ModelFolderError naming the file and what is wrong."""
     directory = Path(directory)
     meta, cfg = _read_meta(directory)
     weights = directory / WEIGHTS
     if not weights.is_file():
-        raise ArtifactError(f"{directory}: the weights file {WEIGHTS} is missing")
+        raise ModelFolderError(f"{directory}: the weights file {WEIGHTS} is missing")
     try:
         wanted = expected_state(cfg)
     except ValueError as err:
-        raise ArtifactError(f"{directory / META}: key 'model': {err}") from None
+        raise ModelFolderError(f"{directory / META}: key 'model': {err}") from None
     total = sum(math.prod(shape) for shape, _ in wanted.values())
     if total > MAX_PARAMETERS:
-        raise ArtifactError(
+        raise ModelFolderError(
             f"{directory / META} describes a network of {total:,} parameters ({total * 4 / 2**30:,.1f} GiB); "
-            f"a model file holds at most {MAX_PARAMETERS:,}"
+            f"a model folder holds at most {MAX_PARAMETERS:,}"
         )
     names = {ch["name"] for ch in meta.get("channels") or []}  # a forecast's: its constants
     header = _read_header(weights)
@@ -423,13 +423,13 @@ def check(directory: str | Path) -> tuple[dict, ModelConfig]:
             for what, keys in (("missing", missing), ("not in the model", extra), ("other shape or dtype", shapes))
             if keys
         ]
-        raise ArtifactError(f"{weights} does not fit the model {directory / META} describes; " + "; ".join(parts))
+        raise ModelFolderError(f"{weights} does not fit the model {directory / META} describes; " + "; ".join(parts))
     return meta, cfg
 
 
 def load(directory: str | Path) -> Model:
-    """An exported model folder as a :class:`Model` on the CPU: :func:`check`, then the
-    weights' SHA-256, then the network; every damaged or foreign part is one ArtifactError
+    """A model folder as a :class:`Model` on the CPU: :func:`check`, then the
+    weights' SHA-256, then the network; every damaged or foreign part is one ModelFolderError
     naming the file."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -439,14 +439,14 @@ def load(directory: str | Path) -> Model:
     weights = directory / WEIGHTS
     digest = _sha256(weights)
     if digest != meta["weights"]["sha256"]:
-        raise ArtifactError(
+        raise ModelFolderError(
             f"{weights} is not the file {directory / META} describes (SHA-256 {digest[:12]}…, "
             f"expected {meta['weights']['sha256'][:12]}…): damaged, or from another model"
         )
     try:
         tensors = load_file(str(weights), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise ArtifactError(f"{weights} is not a readable safetensors file: {err}") from None
+        raise ModelFolderError(f"{weights} is not a readable safetensors file: {err}") from None
     network = ChannelViT(cfg)
     constants = {k.removeprefix(CONSTANT): v.numpy() for k, v in tensors.items() if k.startswith(CONSTANT)}
     network.load_state_dict({k: v for k, v in tensors.items() if not k.startswith(CONSTANT)})

@@ -1,7 +1,7 @@
-"""A trained run as a model file (``dchag export``): its checkpoint loaded by
+"""A trained run as a model folder (``dchag export``): its checkpoint loaded by
 ``checkpoint.load_weights`` (any parallel layout) and described from its config and training
-store; the file and what it holds: :mod:`dchag.model.file`. ``predict`` and evaluation take the
-model file, fine-tuning a model file or a run.
+store; the folder and what it holds: :mod:`dchag.model.folder`. ``predict`` and evaluation take the
+model folder, fine-tuning a model folder or a run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import provenance
 from ..model import ChannelViT
-from ..model.file import FORMAT, VERSION, Model, save
+from ..model.folder import FORMAT, VERSION, Model, save
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def from_run(config: dict, run: str, checkpoint: str | Path, store: str | Path) 
     cfg = run_settings(config, run)
     store = Path(store)
     task = build_task(cfg, {"train": store, "val": store})
-    ckpt.check_data(task, checkpoint, store)  # the store's statistics are what the model file will hold
+    ckpt.check_data(task, checkpoint, store)  # the store's statistics are what the model folder will hold
     network = ChannelViT(task.model_cfg)
     ckpt.load_weights(network, checkpoint)
     fp = Path(checkpoint) / ckpt.FINGERPRINT
