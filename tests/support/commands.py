@@ -114,6 +114,11 @@ def store_args(root: Path) -> list[str]:
     return ["--train-data", str(root / "era5" / "train.zarr"), "--val-data", str(root / "era5" / "val.zarr")]
 
 
+def train_args(cfg: dict, outdir: Path, root: Path) -> list[str]:
+    """``dchag train`` arguments of run "f" of ``cfg`` into ``outdir``, on the stores under ``root``."""
+    return ["train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir), *store_args(root)]
+
+
 def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
     """``torchrun ... dchag train`` of run "f" of ``cfg`` into ``outdir``, started (see :func:`finish`)."""
     cmd = [
@@ -127,14 +132,7 @@ def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int 
         "0.5",
         "-m",
         "dchag",
-        "train",
-        "--config",
-        json.dumps(cfg),
-        "--run-name",
-        "f",
-        "--output",
-        str(outdir),
-        *store_args(root),
+        *train_args(cfg, outdir, root),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outdir.mkdir(parents=True, exist_ok=True)
@@ -159,19 +157,7 @@ def train_once(cfg, tmp_path, root):
         "MASTER_PORT": str(free_port()),
     }
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dchag",
-            "train",
-            "--config",
-            json.dumps(cfg),
-            "--run-name",
-            "f",
-            "--output",
-            str(tmp_path / "run"),
-            *store_args(root),
-        ],
+        [sys.executable, "-m", "dchag", *train_args(cfg, tmp_path / "run", root)],
         capture_output=True,
         text=True,
         env=env,
