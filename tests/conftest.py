@@ -5,6 +5,7 @@ and the suite's order: tests/integration/ is marked ``integration``; tests marke
 from __future__ import annotations
 
 import copy
+import resource
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +112,31 @@ def pytest_collection_modifyitems(config, items):
         if i < 3 and rest:
             ordered.append(rest.pop(-1))  # a quick unit test
     items[:] = ordered + rest
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this worker and of every process it has waited for (a
+    snakemake's jobs and torchrun's ranks included: each parent waits for its children)."""
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
+
+
+CPU_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[CPU_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Each test's CPU seconds (setup, call and teardown), as the property ``cpu_s`` of its
+    JUnit record: with 3 workers on 2 cores a test's wall time tells more about its neighbours
+    than about itself; CPU time is what the suite's length is made of."""
+    try:
+        return (yield)
+    finally:
+        item.user_properties.append(("cpu_s", round(_cpu_seconds() - item.stash[CPU_START], 1)))
