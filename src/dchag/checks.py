@@ -65,7 +65,6 @@ def check_run(s: Settings, run: str, runs: dict[str, dict] | None = None, world_
             f"config key '{key}': model.num_heads {m.num_heads} is not divisible by parallel.tp "
             f"{par.tp} (tensor parallelism splits the heads)"
         )
-    check_model_size(key, r)
     hierarchical = m.aggregation != Aggregation.BASELINE
     if par.strategy == Strategy.DCHAG:
         if par.tp > 1 and not hierarchical:
@@ -87,22 +86,35 @@ def block_parameters(dim: int, mlp_ratio: float) -> int:
     return 2 * 2 * dim + 4 * (dim * dim + dim) + (dim * hidden + hidden) + (hidden * dim + dim)
 
 
-def check_model_size(key: str, r) -> None:
-    """Every process of a node builds the whole one-device model (float32) before it is
-    parallelized: its ViT blocks alone (and an MAE's decoder blocks), times the processes of a
-    node, must fit in train.mem_mb. ``r``: the run's RunSettings."""
-    m, t = r.model, r.train
+def block_weights(r) -> tuple[int, str]:
+    """Parameters of a run's ViT blocks (and an MAE's decoder blocks), with the keys that set
+    them. ``r``: the run's RunSettings."""
+    m = r.model
     blocks = m.depth * block_parameters(m.embed_dim, m.mlp_ratio)
     what = f"model.embed_dim {m.embed_dim}, model.depth {m.depth}"
     if task_spec(r.task).masked:
         blocks += m.decoder.depth * block_parameters(m.decoder.dim, m.mlp_ratio)
         what += f", model.decoder.dim {m.decoder.dim}, model.decoder.depth {m.decoder.depth}"
-    mb = blocks * 4 / 2**20
-    if mb * t.nproc > t.mem_mb:
+    return blocks, f"{what} and model.mlp_ratio {m.mlp_ratio}"
+
+
+def model_mb(r) -> float:
+    """MB of the one-device float32 model's blocks, which every process builds before the
+    model is parallelized."""
+    return block_weights(r)[0] * 4 / 2**20
+
+
+def check_model_size(key: str, r, limit_mb: float, where: str) -> None:
+    """Every process of a node builds the whole one-device model (float32) before it is
+    parallelized: its blocks, times the processes of a node, must fit in ``limit_mb`` (the
+    memory ``where`` describes). ``r``: the run's RunSettings."""
+    blocks, what = block_weights(r)
+    mb, nproc = model_mb(r), r.train.nproc
+    if mb * nproc > limit_mb:
         raise ConfigError(
-            f"config key '{key}': {what} and model.mlp_ratio {m.mlp_ratio} give {blocks:,} parameters in "
-            f"the transformer blocks alone: {mb:,.0f} MB in float32 on each of the {t.nproc} processes of a "
-            f"node, more than train.mem_mb {t.mem_mb}"
+            f"config key '{key}': {what} give {blocks:,} parameters in the transformer blocks alone: "
+            f"{mb:,.0f} MB in float32 on each of the {nproc} processes of a node, more than the "
+            f"{limit_mb:,.0f} MB of {where}"
         )
 
 

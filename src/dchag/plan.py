@@ -12,9 +12,9 @@ import json
 import re
 from pathlib import Path
 
-from .checks import check_run, era5_split_steps, init_source
+from .checks import check_run, era5_split_steps, init_source, model_mb
 from .config import ConfigError, Settings, TrainSettings, run_settings, settings
-from .jobs import JobShape, era5_mem_mb
+from .jobs import JobShape, era5_mem_mb, train_mem_mb
 from .runs import TASK_SPECS, Run, RunPaths, task_spec
 from .vocabulary import Strategy
 
@@ -342,8 +342,10 @@ class Plan:
         return RunPaths(self.results, run)
 
     def train_shape(self, run: str) -> JobShape:
-        t = self.run_train(run)
-        return JobShape(t.nodes, t.nproc, t.gpus_per_node, t.runtime, t.mem_mb)
+        r = self.runs[run].settings
+        t = r.train
+        mem = train_mem_mb(t.nproc, t.num_workers, t.cache_mb, model_mb(r))
+        return JobShape(t.nodes, t.nproc, t.gpus_per_node, t.num_workers, mem)
 
     def run_stores(self, run: str) -> dict[str, str]:
         """The stores a run trains on: train and val."""
@@ -372,7 +374,7 @@ class Plan:
         from .paper import sweep
 
         res = sweep.resources(self.paper_points[point], self.paper["gpus_per_node"])
-        return JobShape(res.nodes, res.per_node, res.per_node, self.paper["runtime"], self.paper["mem_mb"])
+        return JobShape(res.nodes, res.per_node, res.per_node)
 
     def paper_point_config_file(self, point: str) -> str:
         from .paper import sweep

@@ -506,18 +506,33 @@ def test_workflow_is_lint_clean_and_formatted():
     assert len(listed) >= 35 and all(re.fullmatch(r"\w+ \(.+\.\)", line) for line in listed), listed
 
 
+def _train_job(out: str) -> str:
+    train = out[out.index("rule train:") :]
+    return train[: train.index("Shell command")]
+
+
 def test_slurm_profile_plans_the_workflow_with_site_resources(tmp_path):
-    """`--workflow-profile slurm` (profiles/slurm) plans every job with the profile's resources
-    and the config's training layout; the real cluster run is tests/integration/test_slurm.py."""
+    """`--workflow-profile slurm` (profiles/slurm) plans a training job with what its config
+    implies (CPUs for every rank and its loader workers, the memory of ranks, workers, caches
+    and model) and the profile's site values (the time limit); `--set-resources` wins and
+    replaces the profile's list. The real cluster run is tests/integration/test_slurm.py."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
-    proc = snakemake(tmp_path, "--workflow-profile", "slurm", "-n", configfile=DEMO)
+    loaders = tmp_path / "loaders.yaml"
+    loaders.write_text("train: {num_workers: 3, cache_mb: 2000}\n")
+    proc = snakemake(tmp_path, "--workflow-profile", "slurm", "-n", configfile=[DEMO, loaders])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert "profiles/slurm" in out
-    train = out[out.index("rule train:") :]
-    train = train[: train.index("Shell command")]
-    assert "runtime=720" in train and "mem_mb=16000" in train and "nodes=1" in train, train
-    assert "launch-train" in out
+    assert "profiles/slurm" in out and "launch-train" in out
+    # 1.5 x 2 ranks x (1024 MB a rank + 3 workers x 512 + a 2000 MB cache + a model of < 1 MB)
+    train = _train_job(out)
+    assert "mem_mb=14000" in train and "runtime=720" in train and "nodes=1" in train, train
+    local = snakemake(tmp_path, "-n", "--cores", "16", configfile=[DEMO, loaders])
+    assert "threads: 8" in _train_job(local.stdout + local.stderr)  # 2 ranks x (1 + 3 workers)
+    given = snakemake(
+        tmp_path, "--workflow-profile", "slurm", "-n", "--set-resources", "train:mem_mb=64000", configfile=DEMO
+    )
+    train = _train_job(given.stdout + given.stderr)
+    assert "mem_mb=64000" in train and "runtime=60" in train, train  # the profile's set-resources replaced
 
 
 # Words of rule shell commands that are never quoted: the command prefix (`dchag`, or srun in

@@ -114,8 +114,9 @@ def hsi_classification_inputs():
 
 
 # -- training and the torchrun jobs --------------------------------------------------------
-def torchrun_resources(shape_of):
-    """A torchrun job's Slurm resources (dchag.jobs.JobShape), each a function of the job."""
+def torchrun_resources(shape_of, *keys):
+    """A torchrun job's Slurm resources (dchag.jobs.JobShape), each a function of the job:
+    nodes, tasks, gres, mpi and ``keys``."""
 
     def resource(key):
         def value(wildcards):
@@ -123,10 +124,7 @@ def torchrun_resources(shape_of):
 
         return value
 
-    return {
-        key: resource(key)
-        for key in ("runtime", "mem_mb", "nodes", "tasks", "gres", "mpi")
-    }
+    return {key: resource(key) for key in ("nodes", "tasks", "gres", "mpi", *keys)}
 
 
 def train_shape(wildcards):
@@ -146,13 +144,13 @@ def paper_launcher(wildcards):
 
 
 def train_threads(wildcards):
-    return P.run_train(wildcards.run).nproc
+    return train_shape(wildcards).cpus
 
 
 def rank_threads(wildcards, threads):
-    """The job's threads over its ranks (Snakemake exports OMP/MKL/BLAS thread counts = the
-    job's threads, which torchrun would pass to every rank)."""
-    return max(1, threads // P.run_train(wildcards.run).nproc)
+    """The job's threads over its ranks, less their loader workers' (Snakemake exports
+    OMP/MKL/BLAS thread counts = the job's threads, which torchrun would pass to every rank)."""
+    return train_shape(wildcards).rank_threads(threads)
 
 
 def train_inputs(wildcards):
@@ -317,13 +315,11 @@ def paper_point_config(wildcards):
 
 
 def paper_point_threads(wildcards):
-    return paper_shape(wildcards).nproc
+    return paper_shape(wildcards).cpus
 
 
 def paper_rank_threads(wildcards, threads):
-    return P.paper["threads_per_rank"] or max(
-        1, threads // paper_shape(wildcards).nproc
-    )
+    return P.paper["threads_per_rank"] or paper_shape(wildcards).rank_threads(threads)
 
 
 def paper_point_files(wildcards):

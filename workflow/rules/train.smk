@@ -22,7 +22,7 @@ rule train:
         "../../envs/train.yaml"
     threads: train_threads
     resources:
-        **torchrun_resources(train_shape),
+        **torchrun_resources(train_shape, "mem_mb"),
     params:
         launch=train_launcher,
         cfg=run_config,

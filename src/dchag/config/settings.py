@@ -76,8 +76,6 @@ class TrainSettings:
     nodes: int
     gpus_per_node: int
     max_restarts: int
-    runtime: int
-    mem_mb: int
     seed: int
     steps: int
     batch_size: int

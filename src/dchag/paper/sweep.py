@@ -235,7 +235,7 @@ def point_config(name: str, paper: dict, point: Point) -> dict:
     grid = {k: (list(v) if isinstance(v, tuple) else v) for k, v in point.to_dict().items() if k != "stands_for"}
     if point.stands_for:
         grid["stands_for"] = dict(zip(STANDS_FOR_KEYS, point.stands_for))
-    keep = ("gpus_per_node", "steps", "warmup", "runtime", "mem_mb", "threads_per_rank")
+    keep = ("gpus_per_node", "steps", "warmup", "threads_per_rank")
     figure = next(f for f, pts in sweeps(paper).items() if point in pts)
     return {"name": name, "paper": {**{k: paper[k] for k in keep}, "sweeps": {figure: [grid]}}}
 

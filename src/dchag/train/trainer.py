@@ -411,14 +411,16 @@ def check_launch(
     lock: bool = True,
 ) -> None:
     """What `dchag launch-train` checks before torchrun starts, as every rank would: the run's
-    config for ``world_size`` processes, the stores present and readable with data for a batch
-    and for validation, then (``lock``) the run directory free; its lock is not kept: rank 0
-    takes it. A failed check leaves nothing."""
-    from ..checks import check_run
+    config for ``world_size`` processes, the model against this node's memory, the stores
+    present and readable with data for a batch and for validation, then (``lock``) the run
+    directory free; its lock is not kept: rank 0 takes it. A failed check leaves nothing."""
+    from ..checks import check_model_size, check_run
+    from ..jobs import node_memory_mb
     from ..layout import data_parallel_size
 
     config = _with_init_from(config, run, init_from)
     cfg = check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world_size).settings
+    check_model_size(f"train.runs.{run}", cfg, *node_memory_mb())
     task = build_task(cfg, stores)
     every = list(range(task.model_cfg.in_channels))
     sizes = [len(task.dataset(split, every, cfg.train.seed)) for split in ("train", "val")]

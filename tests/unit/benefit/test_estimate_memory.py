@@ -34,7 +34,7 @@ def small_config(tp: int, aggregation: str, strategy: str, fused: bool = False, 
         {"tp": tp, "strategy": strategy, "data_parallel": "none", "precision": "fp32", "activation_checkpointing": True}
     )
     cfg["parallel"].update(parallel)
-    cfg["train"].update(nproc=tp, batch_size=BATCH, mem_mb=10**6, runs={"f": {"task": "forecast"}})
+    cfg["train"].update(nproc=tp, batch_size=BATCH, runs={"f": {"task": "forecast"}})
     return cfg
 
 

@@ -208,11 +208,11 @@ def test_a_well_formed_folder_still_checks_and_loads(exported, tmp_path):
 
 
 # -- at plan time --------------------------------------------------------------------------------
-def _plan(section: dict, model: dict | None = None, **run) -> None:
+def _config(section: dict, model: dict | None = None, **run) -> dict:
     from support.hsi import hsi_config
 
     cfg = hsi_config("classification", section, preset="indian_pines")
-    cfg = validate(
+    return validate(
         {
             **cfg,
             "model": model or MODEL,
@@ -220,7 +220,10 @@ def _plan(section: dict, model: dict | None = None, **run) -> None:
             "train": {"runs": {"r": {"task": "classification", **run}}},
         }
     )
-    check_run(settings(cfg), "r")
+
+
+def _plan(section: dict, model: dict | None = None, **run):
+    return check_run(settings(_config(section, model, **run)), "r")
 
 
 def test_init_from_a_crafted_folder_is_refused_at_plan_time(exported, tmp_path):
@@ -241,13 +244,23 @@ def test_init_from_a_crafted_folder_is_refused_at_plan_time(exported, tmp_path):
         _plan(section, init_from=str(sparse))
 
 
-def test_model_sizes_beyond_the_memory_they_imply_are_refused_at_plan_time(exported):
+def test_model_sizes_beyond_the_memory_of_the_node_are_refused(exported, tmp_path):
+    from dchag.checks import check_model_size
+    from dchag.train.trainer import check_launch
+
     section = exported[1]
-    with pytest.raises(ConfigError, match=r"model.embed_dim 1048576, model.depth 1 .* more than train.mem_mb 8000"):
-        _plan(section, {**MODEL, "embed_dim": 2**20, "num_heads": 2})
-    with pytest.raises(ConfigError, match=r"on each of the 4 processes of a node, more than train.mem_mb 1000"):
-        _plan(section, {**MODEL, "embed_dim": 1024, "depth": 8, "num_heads": 2}, train={"nproc": 4, "mem_mb": 1000})
-    _plan(section, {**MODEL, "embed_dim": 1024, "depth": 8, "num_heads": 2})  # 400 MB on each of 2: fine
+    wide = {**MODEL, "embed_dim": 1024, "depth": 8, "num_heads": 2}  # 400 MB of blocks
+    run = _plan(section, wide, train={"nproc": 4}).settings
+    with pytest.raises(ConfigError, match=r"on each of the 4 processes of a node, more than the 1,000 MB of a limit"):
+        check_model_size("train.runs.r", run, 1000, "a limit")
+    check_model_size("train.runs.r", run, 2000, "a limit")  # 4 x 400 MB: fits
+    # launch-train, before torchrun or any store: against what this machine (its cgroup) allows
+    huge = _config(section, {**MODEL, "embed_dim": 2**20, "num_heads": 2})
+    with pytest.raises(
+        ConfigError, match=r"model.embed_dim 1048576, model.depth 1 .* MB of (this machine's memory|the cgroup)"
+    ):
+        check_launch(huge, "r", tmp_path / "run", {"train": tmp_path / "none", "val": tmp_path / "none"}, None, 2)
+    assert not (tmp_path / "run").exists()
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

@@ -27,8 +27,6 @@ RESUMABLE = {
     "train.tensorboard",
     "train.max_restarts",
     "train.gpus_per_node",
-    "train.runtime",
-    "train.mem_mb",
     "parallel.activation_checkpointing",
     "parallel.fsdp_reshard_after_forward",
     "model.fused_front_end",  # the same parameters and function, computed another way
