@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -132,6 +133,9 @@ def save(model: Model, directory: str | Path) -> Path:
     with atomic_path(directory, "model") as tmp:
         tmp.mkdir()
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+        mask = os.umask(0)
+        os.umask(mask)
+        (tmp / WEIGHTS).chmod(0o666 & ~mask)  # safetensors writes 0600; model.json beside it follows the umask
         meta = {**model.meta, "weights": {"file": WEIGHTS, "sha256": _sha256(tmp / WEIGHTS)}}
         (tmp / META).write_text(jsonio.dumps(meta, indent=1))
     return directory

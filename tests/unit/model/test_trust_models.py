@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import pickle
 import resource
 import shutil
@@ -201,6 +202,12 @@ def test_weights_of_the_right_shapes_are_still_compared_with_their_hash(exported
 
 
 def test_a_well_formed_folder_still_checks_and_loads(exported, tmp_path):
+    # both files readable by whoever may read the folder (the umask's, as model.json's): a
+    # shared project directory's model (safetensors alone writes 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("model.safetensors", "model.json"):
+        assert (exported[0] / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
     model = model_folder.load(exported[0])
     assert model.config.embed_dim == 16 and model.task == "classification"
     meta, cfg = model_folder.check(exported[0])
