@@ -27,17 +27,20 @@ import dataclasses
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from dchag.bench import results
+from dchag.bench.procs import torchrun
+from dchag.bench.timing import interleaved_medians
 
 AGGREGATIONS = [("baseline", "baseline"), ("D-CHAG-L", "linear"), ("D-CHAG-C", "cross")]
 
 
 def _stepper(model, x, lead, target):
+    """(the modules MemTracker follows, one training step) of ``model``."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
@@ -45,30 +48,7 @@ def _stepper(model, x, lead, target):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return model, opt, step
-
-
-def measure(paths: dict, warmup: int, steps: int) -> dict:
-    """Peak memory of one step of each path, then ``steps`` rounds that time one step of each
-    path in turn (so a change of the machine's load hits both alike): median seconds."""
-    from dchag.train.memory import step_peak
-
-    out, times = {}, {name: [] for name in paths}
-    for name, (model, opt, step) in paths.items():
-        for _ in range(warmup):
-            step()
-        with step_peak(torch.device("cpu"), model, opt) as mem:
-            step()
-        out[name] = {k: round(v, 1) for k, v in mem.items()}
-    for _ in range(steps):
-        for name, (_, _, step) in paths.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-    for name in paths:
-        out[name]["step_seconds"] = round(statistics.median(times[name]), 3)
-        out[name]["step_seconds_all"] = [round(t, 3) for t in times[name]]
-    return out
+    return [model, opt], step
 
 
 def _point(args, channels: int, width: int, variant: str, tp: int, fused: bool):
@@ -116,22 +96,18 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def ranks_rows(args, tp: int) -> list[dict]:
+def ranks_rows(argv: list[str], tp: int) -> list[dict]:
     """The rows of a T = ``tp`` run: this script under torchrun with ``tp`` gloo ranks."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}", __file__,
-             *sys.argv[1:], "--worker", str(out)],
-            check=True,
-        )  # fmt: skip
+        subprocess.run(torchrun(tp, __file__, *argv, "--worker", str(out)), check=True)
         return json.loads(out.read_text())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--channels", type=int, nargs="+", default=[80, 512])
     ap.add_argument("--widths", type=int, nargs="+", default=[256])
@@ -146,7 +122,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, nargs="+", default=[1], help="channel-parallel ranks T (T > 1: gloo ranks)")
     ap.add_argument("--output", default="benchmarks/results/fused_front_end")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # a rank of a T > 1 run: its rows' JSON path
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
     torch.set_num_threads(args.threads)
@@ -156,7 +132,7 @@ def main() -> None:
 
     rows = []
     for tp in (t for t in args.tp if t > 1):
-        rows += ranks_rows(args, tp)
+        rows += ranks_rows(sys.argv[1:] if argv is None else argv, tp)
     for channels in args.channels if 1 in args.tp else []:
         for width in args.widths:
             for label, aggregation in AGGREGATIONS:
@@ -186,7 +162,7 @@ def main() -> None:
                     "fused": _stepper(fused, x, lead, target),
                 }
                 row = {"channels": channels, "width": width, "variant": label, "tp": 1}
-                row.update(measure(paths, args.warmup, args.steps))
+                row.update(interleaved_medians(paths, args.warmup, args.steps))
                 del paths, tokens, fused
                 rows.append(row)
                 t, f = row["token"], row["fused"]
@@ -196,16 +172,14 @@ def main() -> None:
                     flush=True,
                 )
     meta = {
-        "command": "python " + " ".join(sys.argv),
+        "command": results.command(None if argv is None else ["benchmarks/fused_front_end.py", *argv]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} torch threads, CPU",
         "torch": torch.__version__,
         "model": {k: getattr(args, k) for k in ("img", "patch", "depth", "heads", "batch", "warmup", "steps")},
     }
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    out.with_suffix(".md").write_text(table(rows, meta))
-    print(out.with_suffix(".md").read_text())
+    doc = {"meta": meta, "rows": rows}
+    results.write(Path(args.output), doc, table(rows, meta))
+    print(table(rows, meta))
 
 
 def table(rows: list[dict], meta: dict) -> str:

@@ -42,6 +42,8 @@ import torch
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1] / "src"))  # as gpu_check.sh runs it: the package from this tree
 
+from dchag.bench.procs import kill_once_past, stream_json, torchrun  # noqa: E402
+from dchag.bench.results import environment  # noqa: E402
 from dchag.vocabulary import MODEL_VARIANTS, VARIANTS  # noqa: E402
 
 SIZES = {  # the benchmark's model: paper-like on a GPU (docs/method.md: 128 x 256, patch 4, batch 2)
@@ -74,10 +76,6 @@ SIZES = {  # the benchmark's model: paper-like on a GPU (docs/method.md: 128 x 2
 BENCH_VARIANTS = [(VARIANTS[n].label, n, False) for n in MODEL_VARIANTS] + [
     (f"{VARIANTS[n].label} fused", n, True) for n in MODEL_VARIANTS
 ]
-
-
-def _torchrun(nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
 
 
 # -- 1. NCCL --------------------------------------------------------------------------------
@@ -158,13 +156,6 @@ def _data(work: Path) -> dict:
     return cfg
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
 def part_train(work: Path, size: str, out: dict) -> None:
     """Fills ``out`` as it goes (the data's time, then each run), so a failure keeps the rest."""
     import yaml
@@ -220,59 +211,26 @@ def part_train(work: Path, size: str, out: dict) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     for run, (train, val) in stores.items():
         run_dir = work / "runs" / run
-        log = open(work / f"train_{run}.log", "w")
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            [
-                sys.executable,  # the package runs from the tree (PYTHONPATH), with no console script
-                "-m",
-                "dchag",
-                "launch-train",
-                "--config",
-                str(config),
-                "--run-name",
-                run,
-                "--output",
-                str(run_dir),
-                "--train-data",
-                str(train),
-                "--val-data",
-                str(val),
-                "--nproc",
-                "1",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        partial, killed = run_dir / "log.csv.partial", None
-        try:
-            while proc.poll() is None and killed is None:
-                if partial.exists() and len(partial.read_text().splitlines()) > every + 2:  # past the first checkpoint
-                    workers = _children(proc.pid)
-                    if workers:
-                        killed = workers[0]
-                        os.kill(killed, signal.SIGKILL)
-                time.sleep(0.05)
-            proc.wait(timeout=600)
-        finally:  # stopped (the time limit) or failed here: torchrun stops its workers on SIGTERM
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)
+        cmd = [sys.executable, "-m", "dchag", "launch-train", "--config", str(config), "--run-name", run]
+        cmd += ["--output", str(run_dir), "--train-data", str(train), "--val-data", str(val), "--nproc", "1"]
+        # the package runs from the tree (PYTHONPATH), with no console script; the worker killed
+        # once past its first checkpoint (the header, the rows to it and the validation row)
+        code, killed = kill_once_past(cmd, work / f"train_{run}.log", run_dir / "log.csv.partial", every + 2, env)
         text = (work / f"train_{run}.log").read_text()
         rows = (run_dir / "log.csv").read_text().splitlines() if (run_dir / "log.csv").exists() else []
         info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
         out["runs"][run] = {
-            "returncode": proc.returncode,
+            "returncode": code,
             "seconds": round(time.perf_counter() - t0, 1),
-            "killed_worker": killed is not None,
+            "killed_worker": killed,
             "resumed": "resuming from" in text,
             "rows": len(rows) - 1,
             "precision": info.get("precision"),
             "backend": info.get("parallel", {}).get("backend"),
             "final_loss": float(rows[-1].split(",")[2]) if len(rows) > 1 else None,
         }
-        ok = proc.returncode == 0 and len(rows) == steps + 1 and (killed is None or "resuming from" in text)
+        ok = code == 0 and len(rows) == steps + 1 and (not killed or "resuming from" in text)
         if not ok:  # the other runs still run: one call of the GPU machine should show every failure
             failed.append(run)
             print(f"training {run} failed the check: {out['runs'][run]}\n{text[-3000:]}", flush=True)
@@ -284,7 +242,7 @@ def part_train(work: Path, size: str, out: dict) -> None:
 def part_calibrate(work: Path) -> dict:
     hw = work / "hw.yaml"
     proc = subprocess.run(
-        _torchrun(
+        torchrun(
             1, "-m", "dchag", "calibrate", "--config", str(work / "config.yaml"), "--repeats", "2", "--output", str(hw)
         ),
         capture_output=True,
@@ -420,33 +378,6 @@ def _table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _environment() -> dict:
-    """The interpreter and packages the check ran with, and dchag's requirements they miss."""
-    import tomllib
-    from importlib import metadata
-
-    from packaging.requirements import Requirement
-
-    from dchag.provenance import package_versions
-
-    env = {"python": platform.python_version(), "executable": sys.executable, "packages": package_versions()}
-    if torch.cuda.is_available():
-        env["cuda"] = torch.version.cuda
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        env["gpus"] = torch.cuda.device_count()
-    env["unmet"] = []
-    for line in tomllib.loads((HERE.parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]:
-        req = Requirement(line)
-        try:
-            version = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            version = None
-        env["packages"].setdefault(req.name, version)
-        if req.name != "snakemake" and (version is None or not req.specifier.contains(version, prereleases=True)):
-            env["unmet"].append(f"{req} ({version or 'absent'})")
-    return env
-
-
 class _Stopped(BaseException):
     """SIGTERM (gpu_check.sh's time limit): stop, keeping what the finished parts found."""
 
@@ -470,26 +401,6 @@ def _save(result: dict, dests: list[Path], work: Path) -> None:
                 tar.add(f, arcname=str(f.relative_to(work)))
             for f in sorted(work.glob("runs/*/log.csv*")):
                 tar.add(f, arcname=str(f.relative_to(work)))
-
-
-def _run_part(args: list[str], log: Path, on_result) -> None:
-    """One part under torchrun; each JSON line it prints goes to ``on_result`` as it comes (a
-    stop at the time limit keeps the lines already printed), everything else to ``log``."""
-    with (
-        open(log, "w") as err,
-        subprocess.Popen(_torchrun(1, str(HERE), *args), stdout=subprocess.PIPE, stderr=err, text=True) as proc,
-    ):
-        try:
-            for line in proc.stdout:
-                if line.startswith("{"):
-                    on_result(json.loads(line))
-                else:
-                    err.write(line)
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(args)} failed (exit {proc.returncode}):\n{log.read_text()[-3000:]}")
 
 
 def main() -> None:
@@ -520,7 +431,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0)
         if torch.cuda.is_available()
         else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
-        "environment": _environment(),
+        "environment": environment(),
         "complete": False,
         "failures": {},
         "part_seconds": {},
@@ -531,7 +442,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _stop)
 
     def nccl():
-        _run_part(["--part", "nccl"], work / "nccl.log", lambda r: result.update(nccl=r))
+        stream_json(torchrun(1, str(HERE), "--part", "nccl"), work / "nccl.log", lambda r: result.update(nccl=r))
 
     def bench():
         def row(r: dict) -> None:
@@ -539,7 +450,7 @@ def main() -> None:
             _save(result, dests, work)
 
         result["bench"] = []
-        _run_part(["--part", "bench", "--size", args.size], work / "bench.log", row)
+        stream_json(torchrun(1, str(HERE), "--part", "bench", "--size", args.size), work / "bench.log", row)
 
     parts = {
         "nccl": nccl,

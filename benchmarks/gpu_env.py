@@ -177,7 +177,7 @@ def make_image(dest: Path) -> Path:
     return dest / "bin" / "python"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="check a folder of wheels against the image")
@@ -185,7 +185,7 @@ def main() -> None:
     c.add_argument("--python-version", default="3.12")
     i = sub.add_parser("image", help="an interpreter holding only the image's packages")
     i.add_argument("dest", type=Path)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.cmd == "image":
         make_image(args.dest)
         return

@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -48,8 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from preprocess_benchmark import NODES, OUTPUTS, drop_cache, predicted_steps, write_year  # noqa: E402
+from dchag.bench import results
+from dchag.bench.nodes import NODES, predicted_steps
+from dchag.bench.procs import drop_cache, json_lines
+from dchag.bench.stores import OUTPUTS, split_store
 
 BATCH = 32
 LEADS = (6, 24)  # hours: a target up to a day ahead
@@ -81,19 +82,6 @@ def write_blocks(store: Path, out: Path) -> Path:
     for a in range(0, t, shard):
         dst[a : a + shard] = src[a : a + shard]
     return out
-
-
-def make_store(work: Path, grid: float, days: int) -> Path:
-    """A normalised split store of the first ``days`` days of a synthetic year."""
-    from dchag.era5.split import build_split
-    from dchag.era5.statistics import normalization_stats
-
-    root = work / str(grid)
-    year = write_year(root / "1979.zarr", 1979, grid, days)
-    stats = normalization_stats([year], root / "stats.json")
-    store = build_split("train", [year], stats, root / "train.zarr")
-    shutil.rmtree(year)
-    return store
 
 
 # -- one (grid, T) in its own process -------------------------------------------------------------
@@ -228,7 +216,7 @@ def _runs(ids: list[int]) -> list[slice]:
 
 
 # -- the run -----------------------------------------------------------------------------------------
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="/tmp/dchag-loader-bench")
     p.add_argument("--output", default="benchmarks/results/loader")
@@ -236,7 +224,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a smoke test (no measurement): 5.625 deg, 8 days, T = 8")
     p.add_argument("--report", metavar="JSON", help="only write the report again from a run's JSON")
     p.add_argument("--measure", nargs=4, metavar=("STORE", "T", "ONE_CORE", "BLOCKS"), help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.measure:
         store, tp, one_core = Path(args.measure[0]), int(args.measure[1]), args.measure[2] == "1"
         if one_core:
@@ -256,7 +244,7 @@ def main() -> None:
     t_start = time.perf_counter()
     rows = []
     for grid, days in grids.items():
-        store = make_store(work, grid, days)
+        store = split_store(work, grid, days)
         blocks = write_blocks(store, store.parent / "blocks.zarr")
         n = batches if grid == 5.625 or args.quick else max(2, batches * 3 // 4)
         for tp in tps:
@@ -270,26 +258,21 @@ def main() -> None:
                 if proc.returncode:
                     sys.exit(f"measuring {store} T={tp}: {proc.stderr.strip()[-3000:]}")
                 row = {"grid": grid, "one_core": one_core, "load_avg_1min": round(os.getloadavg()[0], 2)}
-                row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+                row.update(json_lines(proc.stdout)[-1])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         shutil.rmtree(store.parent)
     doc = {
-        "meta": {
-            "command": "python " + " ".join(sys.argv),
-            "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, shared with other users",
-            "python": platform.python_version(),
-            "total_s": round(time.perf_counter() - t_start, 1),
-            "days": {str(g): d for g, d in grids.items()},
-        },
+        "meta": results.meta(
+            None if argv is None else ["benchmarks/loader_benchmark.py", *argv],
+            total_s=round(time.perf_counter() - t_start, 1),
+            days={str(g): d for g, d in grids.items()},
+        ),
         "rows": rows,
         "predicted": predicted_steps(),
     }
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
-    out.with_suffix(".md").write_text(report(doc))
+    doc["meta"]["machine"] += ", shared with other users"
+    results.write(Path(args.output), doc, report(doc))
     print(report(doc))
     shutil.rmtree(work, ignore_errors=True)
 
@@ -377,7 +360,7 @@ def report(doc: dict) -> str:
         "",
         "The measuring process pinned to one core (tensorstore's threads share it). Needed: the highest "
         "rate a rank of the node's layouts reads at the step the cost model predicts for the paper's model "
-        "(`preprocess_benchmark.predicted_steps`: D-CHAG-L, TP 8 and TP 4 x 2 on one 8-GPU node, peak "
+        "(`dchag.bench.nodes.predicted_steps`: D-CHAG-L, TP 8 and TP 4 x 2 on one 8-GPU node, peak "
         "rates, the shortest step); workers = needed / one core's page-cached rate of that rank (T = TP).",
         "",
         "| grid | node | TP | batch per rank | needed samples/s | one core: dchag cached | cold | "

@@ -23,11 +23,14 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
+
+from dchag.bench import results
+from dchag.bench.procs import json_lines, torchrun
 
 VARIANTS = [
     ("baseline", "baseline", 0),
@@ -36,10 +39,10 @@ VARIANTS = [
     ("D-CHAG-C Tree0", "cross", 0),
     ("D-CHAG-C Tree2", "cross", 2),
 ]
-MIB = 2**20
 
 
 def run_worker(args) -> None:
+    from dchag.bench.timing import max_over_ranks, slowest_rank_seconds
     from dchag.config import parallel_settings
     from dchag.model import ChannelViT
     from dchag.model.build import model_config_of
@@ -68,6 +71,7 @@ def run_worker(args) -> None:
                 groups=world if aggregation != "baseline" else 1,
                 task="forecast",
                 out_channels=[0, 1, 2],
+                fused_front_end=False,  # the channel tokens formed, as the paper's models (and MemTracker follows)
             )
             torch.manual_seed(0)
             model = ChannelViT(cfg).to(device)
@@ -96,22 +100,10 @@ def run_worker(args) -> None:
                     step()
                 with step_peak(device, *([model, opt] if part == "model" else [model])) as mem:
                     step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(args.steps):
-                    step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                elapsed = torch.tensor((time.perf_counter() - t0) / args.steps, device=device)
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                mem_t = torch.tensor(mem["total"], device=device)
-                dist.all_reduce(mem_t, op=dist.ReduceOp.MAX)
                 result[part] = {
-                    **{k: round(v, 2) for k, v in mem.items()},
-                    "max_rank_total": round(float(mem_t), 2),
-                    "step_seconds": round(float(elapsed), 4),
+                    **{k: round(v, 2) for k, v in mem.items() if k != "bytes"},
+                    "max_rank_total": round(max_over_ranks(mem["total"], device), 2),
+                    "step_seconds": round(slowest_rank_seconds(step, args.steps, device), 4),
                 }
             if rank == 0:
                 print(json.dumps(result), flush=True)
@@ -119,62 +111,37 @@ def run_worker(args) -> None:
     dist.destroy_process_group()
 
 
-def run_driver(args) -> None:
+def run_driver(args, argv: list[str] | None) -> None:
     rows = []
+    sizes = ("img", "patch", "width", "depth", "heads", "batch", "steps", "warmup")
     for tp in args.tp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={tp}",
-            __file__,
-            "--worker",
-            "--channels",
-            *map(str, args.channels),
-            "--img",
-            *map(str, args.img),
-            "--patch",
-            str(args.patch),
-            "--width",
-            str(args.width),
-            "--depth",
-            str(args.depth),
-            "--heads",
-            str(args.heads),
-            "--batch",
-            str(args.batch),
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        flags = [f for k in sizes for f in (f"--{k}", *map(str, np.atleast_1d(getattr(args, k))))]
+        proc = subprocess.run(
+            torchrun(tp, __file__, "--worker", "--channels", *map(str, args.channels), *flags),
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
             sys.exit(f"torchrun with tp={tp} failed:\n{proc.stderr[-4000:]}")
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                rows.append(json.loads(line))
-                r = rows[-1]
-                print(
-                    f"T={r['tp']} C={r['channels']:5d} {r['variant']:15s} front {r['front']['total']:9.1f} MiB "
-                    f"{r['front']['step_seconds']:.3f} s | model {r['model']['total']:9.1f} MiB "
-                    f"{r['model']['step_seconds']:.3f} s",
-                    flush=True,
-                )
+        for r in json_lines(proc.stdout):
+            rows.append(r)
+            print(
+                f"T={r['tp']} C={r['channels']:5d} {r['variant']:15s} front {r['front']['total']:9.1f} MiB "
+                f"{r['front']['step_seconds']:.3f} s | model {r['model']['total']:9.1f} MiB "
+                f"{r['model']['step_seconds']:.3f} s",
+                flush=True,
+            )
     meta = {
-        "command": "python " + " ".join(sys.argv),
+        "command": results.command(None if argv is None else ["benchmarks/model_benchmark.py", *argv]),
         "machine": (
             f"{platform.machine()}, {os.cpu_count()} cores, {'CUDA' if torch.cuda.is_available() else 'CPU (gloo)'}"
         ),
         "torch": torch.__version__,
         "model": {k: getattr(args, k) for k in ("img", "patch", "width", "depth", "heads", "batch")},
     }
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    out.with_suffix(".md").write_text(table(rows, meta))
-    print(out.with_suffix(".md").read_text())
+    doc = {"meta": meta, "rows": rows}
+    results.write(Path(args.output), doc, table(rows, meta))
+    print(table(rows, meta))
 
 
 def table(rows: list[dict], meta: dict) -> str:
@@ -206,7 +173,7 @@ def table(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", action="store_true", help="run as one torchrun job")
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
@@ -220,8 +187,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--output", default="benchmarks/results/model")
-    args = p.parse_args()
-    (run_worker if args.worker else run_driver)(args)
+    args = p.parse_args(argv)
+    if args.worker:
+        run_worker(args)
+    else:
+        run_driver(args, argv)
 
 
 if __name__ == "__main__":

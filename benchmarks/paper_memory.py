@@ -7,19 +7,16 @@ numbers are the measurement).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from dchag.bench import results
+from dchag.paper.table import compare
 
-from dchag.paper.table import compare  # noqa: E402
 
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--output", default="benchmarks/results/paper_memory")
-    out = Path(ap.parse_args().output)
+    out = Path(ap.parse_args(argv).output)
     rows = compare(("full_models", "tokenization", "tree"))
     table = [r for r in rows if r["figure"] == "full_models"]
     worst = max(abs(r["error"]) for r in table if not r["calibration"])
@@ -27,7 +24,7 @@ def main() -> None:
     lines = [
         "# Per-GPU memory: cost model vs the paper (Frontier MI250X, 64 GB per GCD)",
         "",
-        f"Command: `python benchmarks/paper_memory.py --output {out}`  ",
+        f"Command: `{results.command(None if argv is None else ['benchmarks/paper_memory.py', *argv])}`  ",
         "Paper: its artifact's logs, src/dchag/paper/published.py (batch 2, 128x256 image, patch 4, depth 32, bf16, "
         "peak reserved). Model: src/dchag/benefit/costmodel.py and workload.py with the paper "
         "implementation's constants (workload.PAPER, set from the paper's front-end-only measurements and "
@@ -45,11 +42,8 @@ def main() -> None:
             f"| {r['figure']} | {r['model']} | {r['channels']} | {r['tp']} | {r['variant']}{star} | "
             f"{r['paper_gb']:.2f} | {r['predicted_gb']:.2f} | {r['error']:+.1%} |"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(
-        json.dumps({"max_abs_error_predicted": worst, "max_abs_error_all": worst_all, "rows": rows}, indent=1)
-    )
+    doc = {"max_abs_error_predicted": worst, "max_abs_error_all": worst_all, "rows": rows}
+    results.write(out, doc, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -12,7 +12,9 @@ left out) is one point: dchag's model at the paper's settings (published.FIXED: 
 formed, not the fused front end, as the paper's models do; one TP group, rank 0), forward,
 backward and two AdamW steps. The overhead model reserved = scale x peak + fixed is fitted by
 least squares to the points of ``--fit`` (default: the 1.7B rows) and its error reported on the
-rest. Paper numbers are read as GiB, as benchmarks/paper_memory.py reads them.
+rest. Paper numbers are read as GiB, as benchmarks/paper_memory.py reads them. A run of every
+point (or ``--report`` of one) writes the fit to the package's src/dchag/bench/fits.json
+(``--fits``), which dchag.benefit.fakemem.OVERHEAD reads.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from dchag.bench import fits, results  # noqa: E402
 from dchag.benefit import fakemem  # noqa: E402
 from dchag.checks import check_run  # noqa: E402
 from dchag.config import load_config, settings  # noqa: E402
@@ -73,66 +76,80 @@ def measure(n: published.Published) -> dict:
     return r
 
 
-def fit(rows: list[dict]) -> tuple[float, float]:
-    """Least squares reserved = scale x peak + fixed (GiB) over ``rows``; fixed >= 0 (a context
-    and buffers hold memory, they cannot free it): where the free fit's is negative, the line
-    through the origin."""
-    xs = [r["peak_gib"] for r in rows]
-    ys = [r["paper_gib"] for r in rows]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    scale = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 1.0
-    if my - scale * mx >= 0:
-        return scale, my - scale * mx
-    return sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs), 0.0
-
-
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--output", default="benchmarks/results/paper_memory_fake")
     ap.add_argument("--fit", default="1.7B", help="the model (published.WIDTH_LABEL) whose rows fit the overhead model")
     ap.add_argument("--limit", type=int, help="measure only the first N points (a quick check)")
-    args = ap.parse_args()
+    ap.add_argument("--report", metavar="JSON", help="measure nothing: fit and report a run's rows again")
+    ap.add_argument(
+        "--fits",
+        default=str(fits.FITS),
+        help="where the overhead fit goes (default: the package's, dchag.benefit.fakemem reads it)",
+    )
+    args = ap.parse_args(argv)
     out = Path(args.output)
-    rows = []
-    for n in points()[: args.limit]:
-        r = measure(n)
-        label = published.WIDTH_LABEL[n.width]
-        rows.append(
-            {
-                "figure": n.figure,
-                "model": label,
-                "width": n.width,
-                "channels": n.channels,
-                "tp": n.tp,
-                "variant": n.variant,
-                "tree": n.tree,
-                "paper_gib": n.value,
-                "peak_gib": r["peak"] / GIB,
-                **{f"{k}_gib": r[k] / GIB for k in fakemem.KINDS},
-                "seconds": r["seconds"],
-                "fit": label == args.fit,
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
-    scale, fixed = fit([r for r in rows if r["fit"]])
+    if args.report:
+        earlier = json.loads(Path(args.report).read_text())
+        rows, command = earlier["rows"], earlier["command"]
+        for r in rows:
+            r["fit"] = r["model"] == args.fit
+    else:
+        rows = [row(n, args.fit) for n in points()[: args.limit]]
+        command = results.command(None if argv is None else ["benchmarks/paper_memory_fake.py", *argv])
+    summary = fitted(rows, args.fit)
+    results.write(out, {"command": command, **summary, "rows": rows}, report(rows, summary, command))
+    print(report(rows, summary, command))
+    if not args.limit:
+        source = Path(args.report) if args.report else out.with_suffix(".json")
+        value = {"source": str(source), "fitted_on": args.fit, **fits.rounded_overhead(summary)}
+        fits.write("fake_memory_overhead", value, Path(args.fits))
+
+
+def row(n: published.Published, fit_label: str) -> dict:
+    r = measure(n)
+    label = published.WIDTH_LABEL[n.width]
+    out = {
+        "figure": n.figure,
+        "model": label,
+        "width": n.width,
+        "channels": n.channels,
+        "tp": n.tp,
+        "variant": n.variant,
+        "tree": n.tree,
+        "paper_gib": n.value,
+        "peak_gib": r["peak"] / GIB,
+        **{f"{k}_gib": r[k] / GIB for k in fakemem.KINDS},
+        "seconds": r["seconds"],
+        "fit": label == fit_label,
+    }
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def fitted(rows: list[dict], fit_label: str) -> dict:
+    """The overhead fitted to the rows marked ``fit`` (dchag.bench.fits.overhead), each row's
+    reservation and error under it, and the errors' summary."""
+    fit = fits.overhead([r for r in rows if r["fit"]])
     for r in rows:
-        r["reserved_gib"] = scale * r["peak_gib"] + fixed
+        r["reserved_gib"] = fit["scale"] * r["peak_gib"] + fit["fixed_gib"]
         r["error"] = r["reserved_gib"] / r["paper_gib"] - 1
     held = [abs(r["error"]) for r in rows if not r["fit"]]
-    summary = {
-        "scale": scale,
-        "fixed_gib": fixed,
-        "fitted_on": args.fit,
+    return {
+        **fit,
+        "fitted_on": fit_label,
         "median_abs_error_held_out": statistics.median(held) if held else None,
         "max_abs_error_held_out": max(held) if held else None,
         "median_abs_error_fit": statistics.median(abs(r["error"]) for r in rows if r["fit"]),
     }
-    command = "python benchmarks/paper_memory_fake.py --output " + str(out)
+
+
+def report(rows: list[dict], summary: dict, command: str) -> str:
+    scale, fixed = summary["scale"], summary["fixed_gib"]
     lines = [
         "# The paper's memory table from dchag's model on fake tensors",
         "",
@@ -140,7 +157,7 @@ def main() -> None:
         "Each point: dchag's model at the paper's settings (depth 32, 128x256, patch 4, batch 2, bf16, heads = "
         "width/128, activation checkpointing, channel tokens), one TP group, rank 0, forward + backward + two AdamW "
         "steps on fake tensors (src/dchag/benefit/fakemem.py). Paper: src/dchag/paper/published.py, read as GiB.  ",
-        f"Overhead model fitted on the {args.fit} rows: reserved = {scale:.3f} x peak + {fixed:.2f} GiB. "
+        f"Overhead model fitted on the {summary['fitted_on']} rows: reserved = {scale:.3f} x peak + {fixed:.2f} GiB. "
         f"Held-out rows: median |error| {_pct(summary['median_abs_error_held_out'])}, worst "
         f"{_pct(summary['max_abs_error_held_out'])}; fitted rows: median {_pct(summary['median_abs_error_fit'])}.",
         "",
@@ -161,10 +178,7 @@ def main() -> None:
         "GiB per rank. params / grads / optim: the rank's whole parameters, gradients, AdamW state; act / temp: "
         "activations and temporaries at the tensor peak."
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"command": command, **summary, "rows": rows}, indent=1))
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

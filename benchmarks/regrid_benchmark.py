@@ -28,36 +28,40 @@ from pathlib import Path
 
 import numpy as np
 
+from dchag.bench import results
+from dchag.bench.procs import json_lines
+
 CHANNELS = 80
 
 
-def _fields(nlat: int, nlon: int) -> np.ndarray:
+def _fields(nlat: int, nlon: int, channels: int) -> np.ndarray:
     rng = np.random.default_rng(0)
     lat = np.deg2rad(np.linspace(90, -90, nlat))[:, None]
     lon = np.deg2rad(np.arange(nlon) * 360 / nlon)[None, :]
-    out = np.empty((CHANNELS, nlat, nlon), np.float32)
-    for c in range(CHANNELS):
+    out = np.empty((channels, nlat, nlon), np.float32)
+    for c in range(channels):
         out[c] = np.cos(lat) * np.sin((c % 7 + 1) * lon + c) + 0.01 * rng.standard_normal((nlat, nlon))
     return out
 
 
-def run_variant(variant: str, method: str, steps: int) -> dict:
+def run_variant(variant: str, method: str, steps: int, source_grid: float = 0.25, channels: int = CHANNELS) -> dict:
     from dchag.grids import LatLonGrid, weatherbench_grid
     from dchag.regrid.weights import RegridWeights
 
-    source = LatLonGrid(np.linspace(90, -90, 721), np.arange(1440) * 0.25)
+    nlon = round(360 / source_grid)
+    source = LatLonGrid(np.linspace(90, -90, nlon // 2 + 1), np.arange(nlon) * source_grid)
     target = weatherbench_grid(5.625)
     t0 = time.perf_counter()
     weights = RegridWeights.build(source, target, method)
     t_weights = time.perf_counter() - t0
-    fields = _fields(*source.shape)
+    fields = _fields(*source.shape, channels)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     if variant == "scipy-floor":
         w = weights.matrix.astype(np.float32)
 
         def regrid(x):
-            return (w @ x.reshape(CHANNELS, -1).T).T.reshape(CHANNELS, *target.shape)
+            return (w @ x.reshape(channels, -1).T).T.reshape(channels, *target.shape)
 
     elif variant == "builtin":
         regrid = weights.apply
@@ -79,7 +83,7 @@ def run_variant(variant: str, method: str, steps: int) -> dict:
     else:
         raise ValueError(variant)
 
-    out = np.empty((steps, CHANNELS, *target.shape), np.float32)
+    out = np.empty((steps, channels, *target.shape), np.float32)
     t0 = time.perf_counter()
     for s in range(steps):
         out[s] = regrid(fields)
@@ -89,9 +93,10 @@ def run_variant(variant: str, method: str, steps: int) -> dict:
     return {
         "variant": variant,
         "method": method,
-        "channels": CHANNELS,
+        "channels": channels,
+        "source_grid": source_grid,
         "steps": steps,
-        "seconds": round(elapsed, 3),
+        "seconds": round(elapsed, 6),
         "weights_seconds": round(t_weights, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "peak_rss_before_timing_mb": round(base_rss / 1024, 1),
@@ -99,15 +104,17 @@ def run_variant(variant: str, method: str, steps: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, nargs="+", default=[6, 24, 48])
     p.add_argument("--methods", nargs="+", default=["bilinear", "conservative"])
     p.add_argument("--output", default="benchmarks/results/regrid")
+    p.add_argument("--source-grid", type=float, default=0.25, help="the source grid's spacing, deg (a test: coarser)")
+    p.add_argument("--channels", type=int, default=CHANNELS)
     p.add_argument("--one", nargs=3, metavar=("VARIANT", "METHOD", "STEPS"), help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(run_variant(args.one[0], args.one[1], int(args.one[2]))))
+        print(json.dumps(run_variant(args.one[0], args.one[1], int(args.one[2]), args.source_grid, args.channels)))
         return
 
     import importlib.util
@@ -118,17 +125,18 @@ def main() -> None:
         variants.append("xesmf")
     else:
         skipped.append("xesmf (xesmf/esmpy not importable on this machine)")
+    sizes = ["--source-grid", str(args.source_grid), "--channels", str(args.channels)]
     rows = []
     for method in args.methods:
         for steps in args.steps:
             for variant in variants:  # interleaved, side by side, on the same machine state
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--one", variant, method, str(steps)],
+                    [sys.executable, __file__, "--one", variant, method, str(steps), *sizes],
                     capture_output=True,
                     text=True,
                     check=True,
                 )
-                row = json.loads(proc.stdout.strip().splitlines()[-1])
+                row = json_lines(proc.stdout)[-1]
                 rows.append(row)
                 print(
                     f"{method:12s} {variant:12s} steps={steps:3d} {row['seconds']:7.2f} s  "
@@ -137,16 +145,15 @@ def main() -> None:
                 )
 
     meta = {
-        "command": "python " + " ".join(sys.argv),
+        "command": results.command(None if argv is None else ["benchmarks/regrid_benchmark.py", *argv]),
         "machine": f"{platform.node()} {platform.machine()}, {subprocess.getoutput('nproc')} cores",
         "python": platform.python_version(),
         "skipped": skipped,
     }
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    nlon = round(360 / args.source_grid)
     lines = [
-        "# Regridding benchmark: 80 channels x N steps, ERA5 0.25 deg (721x1440) -> 5.625 deg (32x64)",
+        f"# Regridding benchmark: {args.channels} channels x N steps, ERA5 {args.source_grid} deg "
+        f"({nlon // 2 + 1}x{nlon}) -> 5.625 deg (32x64)",
         "",
         f"Command: `{meta['command']}`  ",
         f"Machine: {meta['machine']}, Python {meta['python']}  ",
@@ -163,8 +170,8 @@ def main() -> None:
             f"| {r['method']} | {r['variant']} | {r['steps']} | {r['seconds']:.2f} | {r['seconds'] / r['steps']:.3f} | "
             f"{ratio:.2f}x | {r['weights_seconds']:.2f} | {r['peak_rss_mb']:.0f} |"
         )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(out.with_suffix(".md").read_text())
+    results.write(Path(args.output), {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

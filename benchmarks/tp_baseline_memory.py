@@ -15,8 +15,10 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from dchag.bench import results
+from dchag.bench.procs import torchrun
 
 HERE = Path(__file__).resolve().parents[1] / "src"
 
@@ -39,42 +41,24 @@ def measure(src: Path, channels: int, tp: int, out: Path) -> float:
         stands_for=None,
     )
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={tp}",
-            "-m",
-            "dchag.paper.bench",
-            "--point",
-            json.dumps(point),
-            "--steps",
-            "1",
-            "--warmup",
-            "1",
-            "--output",
-            str(out),
-        ],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    args = ["-m", "dchag.paper.bench", "--point", json.dumps(point), "--steps", "1", "--warmup", "1"]
+    subprocess.run(torchrun(tp, *args, "--output", str(out)), check=True, env=env, capture_output=True)
     return json.loads(out.read_text())["memory_mib_max"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--other", required=True, help="src/ of the checkout to compare with")
     ap.add_argument("--label", default="before", help="name of the other checkout in the table")
     ap.add_argument("--output", default="benchmarks/results/tp_baseline_memory")
-    args = ap.parse_args()
+    ap.add_argument("--channels", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
+    args = ap.parse_args(argv)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for channels in (256, 1024):
-        for tp in (1, 2, 4):
+    for channels in args.channels:
+        for tp in args.tp:
             mem = {
                 label: measure(Path(src), channels, tp, out.with_name(f".{out.name}_{label}.json"))
                 for label, src in ((args.label, args.other), ("this checkout", HERE))
@@ -84,7 +68,7 @@ def main() -> None:
     lines = [
         "# The TP baseline's per-rank peak memory against T",
         "",
-        f"Command: `python benchmarks/tp_baseline_memory.py --other {args.other} --label '{args.label}'`  ",
+        f"Command: `{results.command(None if argv is None else ['benchmarks/tp_baseline_memory.py', *argv])}`  ",
         "Workload: width 64, depth 2, 4 heads, 32 x 64, patch 4, batch 2, fp32, no activation checkpointing; one "
         "training step (AdamW) under MemTracker, the most loaded rank, MiB; both checkouts measured in the same run.",
         "",
@@ -98,8 +82,7 @@ def main() -> None:
             f"| {r['channels']} | {r['tp']} | {r[args.label]:.1f} | {r['this checkout']:.1f} | "
             f"{r['this checkout'] / r[args.label]:.2f} | {fall(args.label)} | {fall('this checkout')} |"
         )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    results.write(out, rows, "\n".join(lines) + "\n")
     for f in out.parent.glob(f".{out.name}_*.json"):
         f.unlink()
     print("\n".join(lines))

@@ -7,6 +7,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from .bench.fits import fitted
+
 # Host memory (MB) of a training job's processes beside what the config makes large (the cache,
 # the model): one rank (torch and dchag imported; 0.4 GB peak RSS measured on the CPU for the
 # demo's model, the rest is room for a GPU runtime's host side) and one loader worker (0.35 GB).
@@ -63,15 +65,11 @@ def train_mem_mb(nproc: int, workers: int, cache_mb: float, model_mb: float) -> 
 
 
 # Peak RSS (MB) of the ERA5 jobs after the regridding, as a fixed part and a part per unit of
-# data per time step (80 channels on the 64 x 32 grid of 5.625 deg): fitted to
-# benchmarks/results/preprocess.md (5.625 deg and a whole year at 1.40625 deg, 80 channels). The split assembly and
-# the statistics combine stay near 130 and 100 MB on any grid.
-ERA5_JOB_MB = {
-    "era5_year_stats": (177, 27),
-    "era5_split_part": (187, 106),
-    "era5_climatology_part": (274, 28),
-    "era5_climatology": (240, 65),
-}
+# data per time step (80 channels on the 64 x 32 grid of 5.625 deg): fitted by
+# benchmarks/preprocess_benchmark.py (dchag.bench.fits.era5_job_mb) to its results at 5.625 deg
+# and a whole year at 1.40625 deg, 80 channels (benchmarks/results/preprocess.json). The split
+# assembly and the statistics combine stay near 130 and 100 MB on any grid.
+ERA5_JOB_MB = {job: tuple(mb) for job, mb in fitted("era5_job_mb")["mb"].items()}
 
 
 def era5_mem_mb(job: str, era5: dict, floor: int) -> int:

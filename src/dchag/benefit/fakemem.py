@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..bench.fits import fitted
 from ..config import ConfigError
 from ..errors import DchagError
 from ..vocabulary import Aggregation, MeshAxis, Strategy
@@ -55,12 +56,16 @@ class Overhead:
         return self.scale * peak + self.fixed
 
 
-# Fitted (least squares) to the paper's published max-memory-reserved of its 12 1.7B runs
-# (full-model table and TreeK) against this measurement of dchag's model at the same settings;
+# Fitted (least squares, by benchmarks/paper_memory_fake.py) to the paper's published
+# max-memory-reserved of its 12 1.7B runs (full-model table and TreeK) against this measurement
+# of dchag's model at the same settings;
 # on the 9 7B/15B/26B runs it was not fitted to: median |error| 4.0 %, worst 13.6 %
 # (benchmarks/results/paper_memory_fake.md). The scale holds more than an allocator's caching:
 # the paper's implementation keeps more than dchag's model (its TreeK -L grows with K, dchag's not).
-OVERHEAD = Overhead(1.422, 4.94 * 2**30, "fitted to the paper's 1.7B runs (benchmarks/results/paper_memory_fake.md)")
+_FIT = fitted("fake_memory_overhead")  # benchmarks/paper_memory_fake.py writes it (dchag.bench.fits.overhead)
+OVERHEAD = Overhead(
+    _FIT["scale"], _FIT["fixed_gib"] * 2**30, f"fitted to the paper's {_FIT['fitted_on']} runs ({_FIT['source']})"
+)
 
 
 @contextlib.contextmanager

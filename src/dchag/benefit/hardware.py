@@ -92,12 +92,13 @@ class Hardware:
         if missing:
             raise InputError(f"hardware profile {path} lacks key(s) {', '.join(missing)}")
         rates = []
-        for key in ("alpha", "intra_bw", "inter_bw"):  # seconds >= 0, bytes/s > 0
+        for key in ("alpha", "intra_bw", "inter_bw"):  # seconds >= 0, bytes/s > 0 (inf: one process, no link)
             try:
                 value = float(d[key])  # a string too: YAML reads 5e-6 (no dot) as one
             except (TypeError, ValueError):
                 value = math.nan
-            if not math.isfinite(value) or value < 0 or (value == 0 and key != "alpha"):
+            finite = math.isfinite(value) or (key != "alpha" and value == math.inf)
+            if not finite or value < 0 or (value == 0 and key != "alpha"):
                 raise InputError(
                     f"hardware profile {path}: {key} = {d[key]!r}; expected "
                     + ("seconds >= 0" if key == "alpha" else "bytes/s > 0")

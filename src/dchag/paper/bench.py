@@ -21,13 +21,13 @@ import json
 import logging
 import os
 import platform
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..bench.timing import slowest_rank_seconds
 from ..config import parallel_settings
 from ..model import ChannelViT, ModelConfig
 from ..model.build import model_config_of
@@ -140,7 +140,7 @@ def measure(p: Point, steps: int, warmup: int) -> dict:
         step()
     result = {"point": p.to_dict(), "name": p.name, "precision_run": precision, "world": world}
     per_rank = _peak_memory(p, device, [model, opt] if opt is not None else [model], step, front_step)
-    step_s = _step_seconds(step, steps, device)
+    step_s = slowest_rank_seconds(step, steps, device)
     ranks = _every_rank(per_rank, device, world)
     flops = forward_flops(p)
     result.update(
@@ -264,21 +264,6 @@ def _peak_memory(p: Point, device: torch.device, tracked: list, step, front_step
     if split:
         per_rank.update(front_mib=front, rest_mib=peak - front)
     return per_rank
-
-
-def _step_seconds(step, steps: int, device: torch.device) -> float:
-    """Seconds per step over ``steps`` timed steps, the slowest rank's."""
-    dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = torch.tensor((time.perf_counter() - t0) / steps, device=device, dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed)
 
 
 def _every_rank(per_rank: dict, device: torch.device, world: int) -> list[dict]:
