@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+import yaml
 from support import BIN, once
 from support.commands import finish, run_config, torchrun
 from support.distributed import run_distributed
@@ -56,12 +57,21 @@ def trained(data_root, tmp_path_factory):
             proc = torchrun(c, out / name, root)
             log = finish(proc, out / name)
             assert proc.returncode == 0, log[-3000:]
+            # exported through an overlay as a user trains through one: the run in its own
+            # file over the rest, and the width set on the command line over a wrong one
+            base, overlay = out / f"{name}_base.yaml", out / f"{name}_run.yaml"
+            wrong = {**c, "model": {**c["model"], "embed_dim": 8}, "train": {**c["train"], "runs": {}}}
+            base.write_text(yaml.safe_dump(wrong))
+            overlay.write_text(yaml.safe_dump({"train": {"runs": c["train"]["runs"]}}))
             assert (
                 main(
                     [
                         "export",
                         "--config",
-                        json.dumps(c),
+                        str(base),
+                        str(overlay),
+                        "--set",
+                        f"model.embed_dim={c['model']['embed_dim']}",
                         "--run-name",
                         "f",
                         "--checkpoint",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .common import config, config_arg, nonneg_float, nonneg_int, pairs, positive_float, positive_int
+from .common import config, config_arg, config_source, nonneg_float, nonneg_int, pairs, positive_float, positive_int
 
 VERIFY_COLUMNS = [
     "run",
@@ -102,7 +102,8 @@ def cmd_estimate_memory(args) -> None:
 
     s = settings(config(args))
     if args.run not in s.train.runs:
-        raise ConfigError(f"{args.config}: no run {args.run!r} in train.runs ({', '.join(s.train.runs) or 'none'})")
+        runs = ", ".join(s.train.runs) or "none"
+        raise ConfigError(f"{config_source(args)}: no run {args.run!r} in train.runs ({runs})")
     run = check_run(s, args.run, world_size=args.world_size)
     model = fakemem.model_of(run, args.channels, tuple(args.img) if args.img else None)
     result = fakemem.estimate(run, model, args.batch, args.world_size, args.rank)
@@ -129,7 +130,7 @@ def register(add) -> None:
         "measure all-reduce/all-gather (alpha, bandwidth; intra/inter node) and a model's compute: a hardware profile "
         "(run under torchrun)",
     )
-    sp.add_argument("--config", help="config whose model's step time is measured (optional)")
+    config_arg(sp, required=False, help_="config whose model's step time is measured (optional)")
     sp.add_argument("--channels", type=positive_int)
     sp.add_argument("--batch", type=positive_int)
     sp.add_argument("--repeats", type=positive_int, default=5)

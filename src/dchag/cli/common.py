@@ -44,14 +44,38 @@ def a_time(text: str) -> str:
 
 
 def config_arg(sp: argparse.ArgumentParser, required: bool = True, help_: str | None = None) -> None:
-    sp.add_argument("--config", required=required, help=help_ or "config YAML file, or an inline JSON object")
+    sp.add_argument(
+        "--config",
+        nargs="+",
+        required=required,
+        metavar="FILE",
+        help=(help_ or "config YAML file, or an inline JSON object")
+        + "; several are merged in order, later ones winning key by key (as snakemake --configfile merges them)",
+    )
+    sp.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value after the files are merged (repeatable): train.steps=300",
+    )
+
+
+def config_source(args) -> str:
+    """How the config of ``--config``/``--set`` is named in messages."""
+    return ", ".join(args.config) + "".join(f" --set {item}" for item in args.set)
+
+
+def config_args(args) -> list[str]:
+    """``--config``/``--set`` as the words that give a command the same config."""
+    return ["--config", *args.config, *(w for item in args.set for w in ("--set", item))]
 
 
 def config(args) -> dict:
-    """The validated config of ``--config``."""
+    """The validated config of ``--config`` and ``--set``."""
     from ..config import load_config
 
-    return load_config(args.config)
+    return load_config(args.config, args.set)
 
 
 def config_with(args, section: str) -> dict:
@@ -60,7 +84,7 @@ def config_with(args, section: str) -> dict:
 
     cfg = config(args)
     if cfg.get(section) is None:
-        raise ConfigError(f"{args.config}: no {section!r} section")
+        raise ConfigError(f"{config_source(args)}: no {section!r} section")
     return cfg
 
 

@@ -7,7 +7,7 @@ import argparse
 
 from ..config import schema_default, schema_enum
 from ..config.inputs import HSI_FILES
-from .common import config, nonneg_int, percentile, positive_int
+from .common import config, config_arg, nonneg_int, percentile, positive_int
 
 
 def cmd_demo_hsi(args) -> None:
@@ -131,8 +131,8 @@ def register(add) -> None:
         help="ENVI header(s), .mat, GeoTIFF (EnMAP L2A), PRISMA .he5 or EMIT .nc file(s); several (or a glob) for "
         "tiles; with --labels, an image glob and a label glob make a tile set",
     )
-    sp.add_argument(
-        "--config", help="take the files and every option from this config's hsi section instead (with --task)"
+    config_arg(
+        sp, required=False, help_="take the files and every option from this config's hsi section instead (with --task)"
     )
     sp.add_argument("--task", choices=list(HSI_FILES), help="with --config: which store to make")
     sp.add_argument("--labels", help="ground-truth map: makes classification patches centred on labelled pixels")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..config import schema_default
 from ..vocabulary import Task
-from .common import a_time, config_arg, nonneg_int, positive_int
+from .common import a_time, config, config_arg, nonneg_int, positive_int
 
 
 def _training_store(cfg: dict, run: str, data: str | None) -> str:
@@ -16,10 +16,9 @@ def _training_store(cfg: dict, run: str, data: str | None) -> str:
 
 
 def cmd_export(args) -> None:
-    from ..config import load_config
     from ..predict.export import export
 
-    cfg = load_config(args.config)
+    cfg = config(args)
     export(cfg, args.run, args.checkpoint, args.output, _training_store(cfg, args.run, args.data))
     print(f"exported {args.run} to {args.output}")
 

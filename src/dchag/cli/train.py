@@ -4,7 +4,7 @@ of several runs, and the model's parameter counts."""
 from __future__ import annotations
 
 from ..vocabulary import Task
-from .common import config, config_arg, nonneg_int, positive_int
+from .common import config, config_arg, config_args, nonneg_int, positive_int
 
 
 def _stores(args, run) -> dict[str, str]:
@@ -44,8 +44,7 @@ def cmd_launch_train(args) -> None:
         nproc,
         train.max_restarts if args.max_restarts is None else args.max_restarts,
         [
-            "--config",
-            args.config,
+            *config_args(args),
             "--run-name",
             args.run,
             "--output",

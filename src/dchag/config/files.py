@@ -52,8 +52,8 @@ def read_yaml(path: str | os.PathLike) -> Any:
     return content
 
 
-def load_config(spec: str | os.PathLike) -> dict:
-    """A validated config from a YAML/JSON file, or from an inline JSON object string."""
+def _read(spec: str | os.PathLike) -> tuple[dict, str]:
+    """One config: a YAML/JSON file, or an inline JSON object string; with its name."""
     text = str(spec)
     if text.lstrip().startswith("{"):
         try:
@@ -66,4 +66,51 @@ def load_config(spec: str | os.PathLike) -> dict:
         source = str(spec)
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
+    return config, source
+
+
+def merge(base: dict, over: dict) -> dict:
+    """``over`` merged into ``base`` as Snakemake merges its --configfile files: mappings key by
+    key, any other value replaced. ``base`` is updated and returned."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def setting(config: dict, item: str) -> None:
+    """Apply one ``KEY=VALUE`` of ``--set`` to ``config``: KEY a dotted path (train.steps),
+    VALUE read as YAML (30, 1.0e-4, true, [1, 2], a word)."""
+    key, sep, text = item.partition("=")
+    path = key.split(".")
+    if not sep or not all(path):
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted KEY (train.steps=30)")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML: {short(str(err))}") from None
+    node = config
+    for i, part in enumerate(path[:-1]):
+        if not isinstance(node.setdefault(part, {}), dict):
+            raise ConfigError(f"--set {item!r}: {'.'.join(path[: i + 1])} is not a section")
+        node = node[part]
+    node[path[-1]] = value
+
+
+def load_config(specs: str | os.PathLike | list, sets: list[str] | tuple = ()) -> dict:
+    """A validated config: YAML/JSON files or inline JSON objects, merged in order (later ones
+    win, key by key, as Snakemake merges ``--configfile a b``), then ``sets`` (``--set``
+    KEY=VALUE words) applied."""
+    specs = list(specs) if isinstance(specs, list | tuple) else [specs]
+    config: dict = {}
+    names = []
+    for spec in specs:
+        part, source = _read(spec)
+        merge(config, part)
+        names.append(source)
+    for item in sets:
+        setting(config, item)
+    source = ", ".join(names) + "".join(f" --set {item}" for item in sets)
     return validate(config, source)
