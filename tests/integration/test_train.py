@@ -96,6 +96,38 @@ def test_sigkill_a_worker_then_resume_equals_uninterrupted_run(data_root, tmp_pa
     assert all(not r.split(",")[12] for r in rows[1:]) and "instrumented" in rows[0].split(",")[12]
 
 
+def test_a_signal_checkpoints_the_step_and_a_rerun_continues(data_root, tmp_path):
+    """SIGUSR1 (a Slurm warning before the time limit; SIGTERM takes the same path) to the
+    launcher: every rank finishes its step, the step is checkpointed, the launch ends in one
+    line naming the checkpoint, and the rerun continues from it, each step logged once."""
+    root, base = data_root
+    cfg = run_config(base, steps=400, checkpoint_every=1000, val_every=1000, num_workers=1)
+    out = tmp_path / "run"
+    launch = [sys.executable, "-m", "dchag", "launch-train", "--config", json.dumps(cfg), "--run-name", "f"]
+    launch += ["--output", str(out), *store_args(root), "--nproc", "2", "--threads-per-rank", "1"]
+    proc = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, sent = time.time() + 240, False
+    while time.time() < deadline and proc.poll() is None and not sent:
+        partial = out / "log.csv.partial"
+        if partial.exists() and len(partial.read_text().splitlines()) > 5:
+            os.kill(proc.pid, signal.SIGUSR1)
+            sent = True
+        time.sleep(0.1)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert sent, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "stopped by SIGUSR1; a rerun continues from" in last, stderr[-3000:]
+    stopped = [line for line in stderr.splitlines() if "stopped by SIGUSR1 after step" in line]
+    step = int(stopped[0].split("after step ")[1].split()[0])
+    assert 5 <= step < 400 and last.endswith(f"checkpoints/step_{step}") and not (out / "final").exists()
+    # the rerun (Snakemake's retry of the job) continues from that step to the end
+    longer = json.dumps({**cfg, "train": {**cfg["train"], "steps": step + 3}})
+    done = subprocess.run([*launch[:5], longer, *launch[6:]], capture_output=True, text=True)
+    assert done.returncode == 0 and f"(step {step})" in done.stderr, done.stderr[-3000:]
+    rows = (out / "log.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, step + 4))
+
+
 def _tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -239,41 +239,48 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
     out = tmp_path / "run"
     text = finish(torchrun(short_run(base, steps=8), out, root, nproc=1), out)
     ckpts = out / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step_4", "step_6"], text[-2000:]  # keep_checkpoints 2
+    # keep_checkpoints 2: step 6 and the last step's, kept beside final/
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_6", "step_8"], text[-2000:]
     first = _rows(out)
     assert [r["step"] for r in first] == [str(s) for s in range(1, 9)]
     assert json.loads((ckpts / "step_6" / "fingerprint.json").read_text())["task"] == "forecast"
 
-    # A rerun as Snakemake makes it (outputs deleted), with a damaged newest checkpoint and the
-    # temporaries of killed writers: it resumes from the previous complete checkpoint and the
-    # log keeps its history.
+    # A longer rerun as Snakemake makes it (its outputs deleted, final/ among them), with the
+    # temporaries of killed writers: it continues from the end of the first, its log keeps
+    # their history.
     shutil.rmtree(out / "final")
     (out / "log.csv").unlink()
     (ckpts / ".step_99.tmp").mkdir()
     (out / ".final.tmp").mkdir()
-    shard = max((p for p in (ckpts / "step_6").iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     text = finish(torchrun(short_run(base, steps=10), out, root, nproc=1), out)
-    assert "checkpoint" in text and "step_6 is damaged" in text and "truncated" in text, text[-3000:]
-    assert "resuming from" in text and text.count("(step 4)") == 1, text[-3000:]
-    second = _rows(out)
-    assert [r["step"] for r in second] == [str(s) for s in range(1, 11)]
-    assert [r["loss"] for r in second[:4]] == [r["loss"] for r in first[:4]]
+    assert "resuming from" in text and "(step 8)" in text, text[-3000:]
+    longer = _rows(out)
+    assert [r["step"] for r in longer] == [str(s) for s in range(1, 11)]
+    assert [r["loss"] for r in longer[:8]] == [r["loss"] for r in first]
     assert not (ckpts / ".step_99.tmp").exists() and not (out / ".final.tmp").exists()
+
+    # A damaged newest checkpoint: the previous complete one is resumed, the damaged one moved aside.
+    shutil.rmtree(out / "final")
+    shard = max((p for p in (ckpts / "step_10").iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    text = finish(torchrun(short_run(base, steps=12), out, root, nproc=1), out)
+    assert "checkpoint" in text and "step_10 is damaged" in text and "truncated" in text, text[-3000:]
+    assert "resuming from" in text and text.count("(step 8)") == 1, text[-3000:]
+    assert [r["step"] for r in _rows(out)] == [str(s) for s in range(1, 13)]
     (aside,) = (out / "superseded").iterdir()
-    assert (aside / "step_6").is_dir() and "damaged" in (aside / "why.txt").read_text()
+    assert (aside / "step_10").is_dir() and "damaged" in (aside / "why.txt").read_text()
 
     # Fewer steps than the newest checkpoint: it is kept, not used; final/ holds step 3.
     text = finish(torchrun(short_run(base, steps=3), out, root, nproc=1), out)
     assert "lie beyond it and are not used" in text, text[-3000:]
     info = json.loads((out / "run.json").read_text())
     assert info["final_step"] == 3 and [r["step"] for r in _rows(out)] == ["1", "2", "3"]
-    assert (ckpts / "step_8").is_dir()
+    assert (ckpts / "step_12").is_dir()
 
     # A damaged fingerprint: that checkpoint is moved aside, the previous one resumed.
-    (ckpts / "step_8" / "fingerprint.json").write_text('{"task": "fore')
-    text = finish(torchrun(short_run(base, steps=10), out, root, nproc=1), out)
-    assert "step_8 is damaged" in text and "not readable JSON" in text and "(step 6)" in text, text[-3000:]
+    (ckpts / "step_12" / "fingerprint.json").write_text('{"task": "fore')
+    text = finish(torchrun(short_run(base, steps=12), out, root, nproc=1), out)
+    assert "step_12 is damaged" in text and "not readable JSON" in text and "(step 10)" in text, text[-3000:]
 
 
 def test_a_config_change_moves_checkpoints_aside_and_an_older_record_counts_its_defaults():

@@ -19,11 +19,14 @@ import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from ..errors import DchagError
 
 log = logging.getLogger(__name__)
 
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # torchrun's default and SIGUSR1
+SHUTDOWN_GRACE_S = "120"  # seconds the ranks get to stop after a signal (torchrun's default: 30)
 WORKER_ERROR = "dchag_error"  # marks a worker's one-line user error in torchrun's error file
 
 
@@ -83,6 +86,9 @@ def torchrun_command(
     """torchrun running ``python -m <module...> <train_args>`` on every rank."""
     env = dict(os.environ if env is None else env)
     cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
+    # SIGTERM or SIGUSR1 to the launcher reaches every rank, which finishes its step and
+    # checkpoints it (dchag.train.stop) within the grace before SIGKILL (launch sets it)
+    cmd += [f"--signals-to-handle={SIGNALS_TO_HANDLE}"]
     nnodes = node_count(env)
     # One node (a laptop, or a one-node Slurm job): standalone picks a free port, so several
     # training jobs can share a node.
@@ -148,6 +154,7 @@ def launch(
 ) -> None:
     """Run torchrun's agent in this process over ``python -m <module> <train_args>`` workers;
     a worker's reported user error ends it as :class:`WorkerError`."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -156,6 +163,7 @@ def launch(
     cmd = torchrun_command(nproc_per_node, max_restarts, train_args, module=module)
     if threads_per_rank:  # the workers inherit this process's environment
         os.environ.update(rank_thread_env({}, threads_per_rank))
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_GRACE_S)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process: its workers' parent
     log.info("%s ...%s", " ".join(cmd[:6]), f" ({threads_per_rank} threads per rank)" if threads_per_rank else "")
     try:
@@ -165,3 +173,14 @@ def launch(
         if message is None:
             raise
         raise WorkerError(message) from None
+    except SignalException as err:
+        raise WorkerError(f"stopped by {err.sigval.name}; {_newest_checkpoint(train_args)}") from None
+
+
+def _newest_checkpoint(train_args: list[str]) -> str:
+    """What a rerun of the stopped run continues from (its ranks checkpointed the step they were in)."""
+    out = Path(train_args[train_args.index("--output") + 1]) / "checkpoints"
+    steps = sorted(
+        (int(p.name[5:]), p) for p in out.glob("step_*") if p.name[5:].isdigit() and (p / ".metadata").exists()
+    )
+    return f"a rerun continues from {steps[-1][1]}" if steps else "no checkpoint was written: a rerun starts afresh"

@@ -45,6 +45,7 @@ from .data import DataError, ResumableSampler, collate
 from .lock import RunLock, die_with_parent
 from .metrics import MetricsLogger, StepInstruments, gather_rank_values
 from .step import NonFiniteError, TrainStep, param_groups
+from .stop import StopOnSignal, Stopped, ignore_in_worker
 from .tasks import build_task
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,7 @@ class Trainer:
             prefetch_factor=self.cfg.train.prefetch_factor if workers else None,
             collate_fn=collate,
             persistent_workers=False,
+            worker_init_fn=ignore_in_worker if workers else None,
         )
 
     def _batches(self, epoch: int, start: int):
@@ -292,46 +294,15 @@ class Trainer:
         if resumed is not None and self.rank == 0:
             log.info(f"resuming from {resumed} (step {step})")
         logger = MetricsLogger(self.out, self.cfg.run, self.rank, t.steps, step, t.tensorboard, history=resumed)
-        batches = self._batches(epoch, pos)
         self.model.train()
         complete = False
         try:
-            while step < t.steps:
-                t0 = time.perf_counter()
-                epoch, pos, batch = next(batches)
-                batch = [b.to(self.device) for b in batch]
-                with self.instruments.step(self.batch, time.perf_counter() - t0, t0) as measured:
-                    try:
-                        result = self.step_fn(batch, step)
-                    except NonFiniteError as err:
-                        samples = self._samples(epoch, pos)
-                        raise NonFiniteError(
-                            f"run {self.cfg.run}: {err} (training samples {samples[:8]} of "
-                            f"{self.task.stores['train']}); nothing of this step was saved"
-                        ) from None
-                    measured["times"] = result.times
-                step += 1
-                row = {
-                    "step": step,
-                    "epoch": epoch,
-                    "loss": float(result.loss),
-                    "lr": self.sched.get_last_lr()[0],
-                    "grad_norm": result.grad_norm,
-                    **measured,
-                }
-                if step % t.val_every == 0 or step == t.steps:
-                    row.update(self.validate())
-                    if not math.isfinite(row["val_loss"]):
-                        raise NonFiniteError(
-                            f"run {self.cfg.run}: the validation loss at step {step} is "
-                            f"{row['val_loss']} (the validation data of {self.task.stores['val']} "
-                            "or the model is not finite)"
-                        )
-                    self._check_compression(step, row["val_loss"])
-                logger.record(row, gather_rank_values(row, self.device))
-                if self.checkpoints.due(step, t.steps):
-                    self._save(False, step, epoch, pos, logger)
+            with StopOnSignal() as stop:
+                step, epoch, pos = self._loop(stop, step, epoch, pos, logger)
             final = self._save(True, step, epoch, pos, logger)
+            # the last step's checkpoint beside final/ (which Snakemake deletes before a rerun):
+            # a longer rerun continues from it
+            self.checkpoints.keep_as_step(step)
             if self.rank == 0:
                 self._write_run_info(logger.excluded, step, resumed)
             complete = True
@@ -339,6 +310,54 @@ class Trainer:
             logger.close(complete)
         dist.barrier()
         return final
+
+    def _loop(self, stop: StopOnSignal, step: int, epoch: int, pos: int, logger: MetricsLogger) -> tuple:
+        """Steps up to train.steps, checkpointed as due; on a signal, the step it came in is
+        checkpointed and :class:`Stopped` raised. Returns (step, epoch, position)."""
+        t = self.cfg.train
+        batches = self._batches(epoch, pos)
+        while step < t.steps:
+            t0 = time.perf_counter()
+            epoch, pos, batch = next(batches)
+            batch = [b.to(self.device) for b in batch]
+            with self.instruments.step(self.batch, time.perf_counter() - t0, t0) as measured:
+                try:
+                    result = self.step_fn(batch, step)
+                except NonFiniteError as err:
+                    samples = self._samples(epoch, pos)
+                    raise NonFiniteError(
+                        f"run {self.cfg.run}: {err} (training samples {samples[:8]} of "
+                        f"{self.task.stores['train']}); nothing of this step was saved"
+                    ) from None
+                measured["times"] = result.times
+            step += 1
+            row = {
+                "step": step,
+                "epoch": epoch,
+                "loss": float(result.loss),
+                "lr": self.sched.get_last_lr()[0],
+                "grad_norm": result.grad_norm,
+                **measured,
+            }
+            if step % t.val_every == 0 or step == t.steps:
+                row.update(self.validate())
+                if not math.isfinite(row["val_loss"]):
+                    raise NonFiniteError(
+                        f"run {self.cfg.run}: the validation loss at step {step} is "
+                        f"{row['val_loss']} (the validation data of {self.task.stores['val']} "
+                        "or the model is not finite)"
+                    )
+                self._check_compression(step, row["val_loss"])
+            logger.record(row, gather_rank_values(row, self.device))
+            saved = self._save(False, step, epoch, pos, logger) if self.checkpoints.due(step, t.steps) else None
+            signal_name = stop.agreed(self.device)
+            if signal_name:
+                saved = saved or self._save(False, step, epoch, pos, logger)
+                raise Stopped(
+                    f"run {self.cfg.run}: stopped by {signal_name} after step {step} of {t.steps}; "
+                    f"checkpoint {saved} written: a rerun continues from it"
+                )
+        return step, epoch, pos
 
     def _write_run_info(self, excluded: list[int], step: int, resumed: Path | None) -> None:
         info = {

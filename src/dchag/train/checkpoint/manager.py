@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -152,14 +153,33 @@ class CheckpointManager:
 
     def save_step(self, step: int) -> Path:
         path = save(flatten(self.parts), self.directory / f"step_{step}", self._files())
+        self._prune(step)
+        return path
+
+    def _prune(self, step: int) -> None:
+        """Keep train.keep_checkpoints step checkpoints: ``step``'s and the newest before it."""
         if self.rank == 0 and self.keep is not None:
             older = [p for s, p in self.steps() if s < step]
             for p in older[: max(0, len(older) - (self.keep - 1))]:
                 shutil.rmtree(p, ignore_errors=True)
-        return path
 
     def save_final(self) -> Path:
         return save(flatten(self.parts), self.final_dir, self._files())
+
+    def keep_as_step(self, step: int) -> None:
+        """The final checkpoint also as ``step_<step>`` (hard links where the file system has
+        them, else copies), unless that step is kept already."""
+        if self.rank == 0 and step not in {s for s, _ in self.steps()}:
+            tmp = self.directory / f".step_{step}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                shutil.copytree(self.final_dir, tmp, copy_function=os.link)
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(self.final_dir, tmp)
+            tmp.rename(self.directory / f"step_{step}")
+            self._prune(step)
+        _barrier()
 
     def resume(self, last_step: int) -> Path | None:
         """Load the newest usable checkpoint into the parts; returns it (None: start afresh).
