@@ -30,7 +30,7 @@ demo: $(STAMP)
 # tests marked `minutes` first, longest first, then tests/integration/, then tests/unit/
 # (tests/conftest.py orders them). `make test-quick` runs tests/unit/ alone.
 test: lint
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist load --maxschedchunk 1
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 4 --dist load --maxschedchunk 1
 
 # The Python linter and formatter (configured in pyproject.toml), as CI runs them before the tests.
 lint: $(STAMP)

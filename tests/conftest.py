@@ -93,8 +93,8 @@ INTEGRATION = Path(__file__).parent / "integration"
 def pytest_collection_modifyitems(config, items):
     """The order `make test` hands tests to its pytest-xdist workers (`--dist load
     --maxschedchunk 1`: each worker first gets two consecutive tests, then one at a time): the
-    tests marked ``minutes`` longest first, each of the first three paired with a quick test so
-    that no worker starts with two of them; then the rest of tests/integration; then the unit
+    tests marked ``minutes`` longest first, each of the first (one per worker) paired with a
+    quick test so that no worker starts with two of them; then the rest of tests/integration; then the unit
     tests."""
     for item in items:
         if INTEGRATION in Path(item.fspath).parents:
@@ -104,12 +104,13 @@ def pytest_collection_modifyitems(config, items):
         mark = item.get_closest_marker("minutes")
         return mark.args[0] if mark else 0
 
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
     long = sorted((i for i in items if minutes(i)), key=minutes, reverse=True)
     rest = sorted((i for i in items if not minutes(i)), key=lambda i: i.get_closest_marker("integration") is None)
     ordered = []
     for i, item in enumerate(long):
         ordered.append(item)
-        if i < 3 and rest:
+        if i < workers and rest:
             ordered.append(rest.pop(-1))  # a quick unit test
     items[:] = ordered + rest
 
@@ -134,7 +135,7 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """Each test's CPU seconds (setup, call and teardown), as the property ``cpu_s`` of its
-    JUnit record: with 3 workers on 2 cores a test's wall time tells more about its neighbours
+    JUnit record: with 4 workers on 2 cores a test's wall time tells more about its neighbours
     than about itself; CPU time is what the suite's length is made of."""
     try:
         return (yield)

@@ -439,6 +439,9 @@ def test_a_harmless_change_resumes_a_changed_model_restarts_naming_the_keys(data
     out = tmp_path / "run"
     first = finish(torchrun(run_config(base, steps=4, checkpoint_every=2, val_every=4), out, root), out)
     assert (out / "final" / ".metadata").exists(), first[-3000:]
+    # the last step's checkpoint is kept beside final/; removed here, so that the rerun resumes
+    # at step 2, inside the warm-up, where a 4-step and a 6-step schedule still agree
+    shutil.rmtree(out / "checkpoints" / "step_4")
     longer = run_config(base, steps=6, checkpoint_every=2, val_every=3, num_workers=1, val_batches=1)
     text = finish(torchrun(longer, out, root), out)
     assert "resuming from" in text and "(step 2)" in text and "another configuration" not in text, text[-3000:]
@@ -454,7 +457,9 @@ def test_a_harmless_change_resumes_a_changed_model_restarts_naming_the_keys(data
     assert "resuming from" not in text
     # nothing was deleted: the other configuration's checkpoints are kept aside, with why
     (aside,) = (out / "superseded").iterdir()
-    assert {"step_2", "step_4", "why.txt", "final", "log.csv", "run.json"} <= {p.name for p in aside.iterdir()}
+    assert {"step_2", "step_4", "step_6", "why.txt", "final", "log.csv", "run.json"} <= {
+        p.name for p in aside.iterdir()
+    }
     assert "train.lr: 0.003 -> 0.001" in (aside / "why.txt").read_text()
 
 
