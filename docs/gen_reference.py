@@ -25,18 +25,23 @@ def _chain(schema: dict, node: dict) -> list[str]:
     return [name, *_chain(schema, schema["$defs"][name])] if name else []
 
 
+def _merge(target: dict, own: dict) -> dict:
+    """``own`` over ``target``, key by key down the properties (a node may set the defaults of
+    the keys it takes from a $defs entry, and add keys of its own)."""
+    out = {**target, **own}
+    if "properties" in target and "properties" in own:
+        names = {**target["properties"], **own["properties"]}
+        out["properties"] = {k: _merge(target["properties"].get(k, {}), own["properties"].get(k, {})) for k in names}
+    return out
+
+
 def _resolve(schema: dict, node: dict) -> dict:
     """The node with its $ref / allOf [$ref] target merged under it (the node's own keys win)."""
     name = _def_name(node)
     if name is None:
         return node
     target = _resolve(schema, schema["$defs"][name])
-    out = {**target, **{k: v for k, v in node.items() if k not in ("$ref", "allOf")}}
-    if "properties" in target and "properties" in node:  # the node's defaults of the target's keys, its own keys
-        own = node["properties"]
-        both = {**target["properties"], **own}
-        out["properties"] = {k: {**target["properties"].get(k, {}), **own.get(k, {})} for k in both}
-    return out
+    return _merge(target, {k: v for k, v in node.items() if k not in ("$ref", "allOf")})
 
 
 def _type(schema: dict, node: dict) -> str:

@@ -134,6 +134,13 @@ def test_the_config_reference_lists_every_schema_key(site):
     assert not missing, f"config reference lacks {missing}"
     for key in ("name", "hsi.classification.patch", "train.runs.<name>.init_from", "era5.regrid.inputs_on_grid"):
         assert key in listed, key
+    blank = [
+        html.unescape(k)
+        for k in re.findall(
+            r"<td><code>([^<]+)</code></td>(?:\s*<td>[^<]*(?:<code>[^<]*</code>)?[^<]*</td>){2}\s*<td></td>", page
+        )
+    ]
+    assert not blank, f"keys without a description in the schema: {blank}"
     row = page[page.index("<code>era5.time_step_hours</code>") :].split("</tr>", 1)[0]
     assert "<code>6</code>" in row and "multiple of this" in row, row
 
