@@ -1,6 +1,6 @@
 """Every shipped config stands alone: it validates, dry-runs with stand-in input files, and
 plans only the rules of its own datasets and runs (nothing of the demo is merged in). The
-README's shell commands are run as written (snakemake ones as dry runs)."""
+shell commands of the README and of docs/ are run as written (snakemake ones as dry runs)."""
 
 from __future__ import annotations
 
@@ -140,28 +140,49 @@ def test_missing_input_named_once(tmp_path):
     assert str(err.value).count("Indian_pines_corrected.mat") == 1, err.value
 
 
-# -- the README ---------------------------------------------------------------------------
+# -- the README and docs/ ----------------------------------------------------------------
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    """Every line of every ```bash block of the README and the pages of docs/."""
     cmds = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        joined = re.sub(r"\\\n\s*", " ", block)
-        for line in joined.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                cmds.append(line)
+    for path in DOCS:
+        for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.S):
+            joined = re.sub(r"\\\n\s*", " ", block)
+            for line in joined.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    cmds.append(line)
     return cmds
+
+
+def docs_config_files() -> dict[str, str]:
+    """The config files the pages have a user write: a ```yaml block whose first line is
+    `# FILE.yaml` (the tutorial's own config)."""
+    files = {}
+    for path in DOCS:
+        for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), re.S):
+            first = block.splitlines()[0]
+            if re.fullmatch(r"# [\w.-]+\.yaml", first):
+                files[first[2:]] = block
+    return files
 
 
 def test_readme_snakemake_commands_dry_run_as_written(tmp_path):
     cmds = readme_commands()
     snake = [c for c in cmds if c.startswith("snakemake")]
     assert len(snake) >= 4, cmds
-    configs = sorted({REPO / m for c in snake for m in re.findall(r"config/[\w.]+\.yaml", c)})
     (tmp_path / "w").mkdir()
+    written = docs_config_files()
+    assert "mine.yaml" in written, written  # the tutorial's config, run below as the tutorial runs it
+    for name, text in written.items():
+        (tmp_path / "w" / name).write_text(text)
+    configs = sorted({REPO / m for c in snake for m in re.findall(r"config/[\w.]+\.yaml", c)})
+    configs += [tmp_path / "w" / name for name in written]
     cwd = workdir(tmp_path / "w", configs)
     env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
-    # the profile a user installs first (the README's Slurm block does)
+    # the profile a user installs first (the Slurm page's block does)
     installed = subprocess.run(
         [sys.executable, "-m", "dchag", "install-profile", "slurm"],
         cwd=cwd,

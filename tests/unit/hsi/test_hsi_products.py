@@ -511,14 +511,14 @@ def test_an_unpaired_tile_stops_the_plan(tmp_path):
     assert "image(s) without a label file matching 'data/*_label.tif': data/t01_image.tif" in out, out
 
 
-def test_readme_hsi_keys_are_the_schemas():
-    """The README's table of hsi keys lists every key of the schema's hsi section, with the
+def test_the_docs_hsi_keys_are_the_schemas():
+    """The table of hsi keys in docs/hyperspectral.md lists every key of the schema's hsi section, with the
     schema's default (a row may name two keys: `classification.image`, `.labels`)."""
     import re
 
     from dchag.config import schema, schema_default
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "hyperspectral.md").read_text()
     table = text[text.index("The `hsi` keys") :]
     table = table[table.index("| key |") :]
     table = table[: table.index("\n\n")]
