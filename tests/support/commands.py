@@ -40,12 +40,45 @@ def command_env(env: dict | None = None) -> dict:
     return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **(env or {})}
 
 
+DRY = {"-n", "--dry-run", "--dryrun", "--list-rules", "--list", "-l"}
+
+
 def snakemake(
     cwd: Path, *args: str, configfile: Path | list[Path] | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run ``snakemake ARGS`` (see :func:`snakemake_command`) to its end."""
+    """Run ``snakemake ARGS`` (see :func:`snakemake_command`) to its end: a dry run (or a rule
+    listing) in this process, through Snakemake's own command line entry point (the same
+    parsing and planning, without a Python start and Snakemake's imports each time); anything
+    else as a process."""
     cmd = snakemake_command(cwd, *args, configfile=configfile)
+    if DRY & set(args):
+        return _in_process(cmd, cwd, command_env(env))
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=command_env(env))
+
+
+def _in_process(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """``cmd`` (``python -m snakemake ...``) run by ``snakemake.cli.main`` here, with its
+    output, exit status, working folder and environment as a process would have them."""
+    import contextlib
+    import io
+
+    from snakemake import cli
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    here, environ = os.getcwd(), dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main(cmd[3:])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
 
 
 def workdir(tmp: Path, configs: list[Path]) -> Path:

@@ -149,7 +149,8 @@ def train_threads(wildcards):
 
 def rank_threads(wildcards, threads):
     """The job's threads over its ranks, less their loader workers' (Snakemake exports
-    OMP/MKL/BLAS thread counts = the job's threads, which torchrun would pass to every rank)."""
+    OMP/MKL/BLAS thread counts = the job's threads, which torchrun would pass to every rank).
+    """
     return train_shape(wildcards).rank_threads(threads)
 
 
