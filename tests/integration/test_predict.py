@@ -178,6 +178,14 @@ def test_lead_times_are_checked_first_and_an_ensemble_member_is_chosen(trained, 
     assert predict("--input", str(tmp_path / "ic.nc"), "--output", str(tmp_path / "det.zarr")) == 0
     m0, det = xr.open_zarr(tmp_path / "m0.zarr"), xr.open_zarr(tmp_path / "det.zarr")
     np.testing.assert_array_equal(m0.geopotential.values, det.geopotential.values)
+    # From Python: the same forecasts, as a Dataset in memory, from a Dataset or the files
+    import dchag
+
+    loaded = dchag.Model.load(model)
+    for got in (loaded.forecast(one, [24]), loaded.forecast(tmp_path / "ens.nc", [24], member=0)):
+        assert dict(got.sizes) == dict(det.sizes) and sorted(got.data_vars) == sorted(det.data_vars), got
+        for name in det.data_vars:
+            np.testing.assert_array_equal(got[name].values, det[name].values)
 
 
 def _forecast_on_ranks(rank, world, model_dir, store, start, end, output):
@@ -381,6 +389,9 @@ def test_a_classification_map_of_a_whole_scene_matches_the_training_patches(tmp_
                  "--output", str(tmp_path / "map.zarr")]) == 0  # fmt: skip
     out = xr.open_zarr(tmp_path / "map.zarr")
     assert out.label.shape == (40, 40) and out.probability.shape == (4, 40, 40)
+    called = model_folder.load(tmp_path / "model").classify(tmp_path / "img.mat")  # from Python: the same map
+    assert (called.label.values == out.label.values).all()
+    np.testing.assert_allclose(called.probability.values, out.probability.values, atol=1e-6)  # another batching
     assert (tmp_path / "map.png").stat().st_size > 5000 and not (tmp_path / "map.tif").exists()  # no georeference
     # The test patches the preprocessing made, classified by the same network: the map's
     # probabilities at their pixels (the image read and normalised again from the .mat).
@@ -426,6 +437,9 @@ def test_mae_reconstructions_of_a_new_image(tmp_path):
                  "--batch-size", "1"]) == 0  # fmt: skip
     out = xr.open_zarr(tmp_path / "r.zarr")
     assert out.truth.shape == out.reconstruction.shape == (200, 40, 40) and int(out.attrs["tiles"]) == 4
+    called = model_folder.load(made).reconstruct(new, batch_size=1)  # from Python: the same reconstructions
+    for name in ("truth", "reconstruction", "masked"):
+        np.testing.assert_array_equal(called[name].values, out[name].values)
     img = read_image(str(new))
     bands = np.asarray(model.meta["bands"]["band"])
     done = np.isfinite(out.truth.values[0])  # the complete tiles; the last 8 rows and columns are none

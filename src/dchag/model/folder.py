@@ -114,6 +114,30 @@ class Model:
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.network.state_dict().items()}
 
+    @staticmethod
+    def load(directory: str | Path) -> Model:
+        """A model folder, checked, hashed and built (:func:`load`)."""
+        return load(directory)
+
+    # What `dchag predict` writes, as an xarray Dataset (dchag.predict.calls).
+    def forecast(self, initial, lead_hours: list[int], **options):
+        """Forecasts from initial conditions (a Dataset or files), WeatherBench 2's layout."""
+        from ..predict.calls import forecast
+
+        return forecast(self, initial, lead_hours, **options)
+
+    def classify(self, image, **options):
+        """Every pixel's class of a scene file."""
+        from ..predict.calls import classify
+
+        return classify(self, image, **options)
+
+    def reconstruct(self, image, **options):
+        """The reconstruction of every complete tile of a scene file."""
+        from ..predict.calls import reconstruct
+
+        return reconstruct(self, image, **options)
+
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
