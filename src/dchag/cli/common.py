@@ -63,7 +63,9 @@ def config_arg(sp: argparse.ArgumentParser, required: bool = True, help_: str | 
 
 def config_source(args) -> str:
     """How the config of ``--config``/``--set`` is named in messages."""
-    return ", ".join(args.config) + "".join(f" --set {item}" for item in args.set)
+    from ..config.files import source_name
+
+    return source_name(args.config, args.set)
 
 
 def config_args(args) -> list[str]:

@@ -105,12 +105,14 @@ def load_config(specs: str | os.PathLike | list, sets: list[str] | tuple = ()) -
     KEY=VALUE words) applied."""
     specs = list(specs) if isinstance(specs, list | tuple) else [specs]
     config: dict = {}
-    names = []
     for spec in specs:
-        part, source = _read(spec)
-        merge(config, part)
-        names.append(source)
+        merge(config, _read(spec)[0])
     for item in sets:
         setting(config, item)
-    source = ", ".join(names) + "".join(f" --set {item}" for item in sets)
-    return validate(config, source)
+    return validate(config, source_name(specs, sets))
+
+
+def source_name(specs: list, sets: list[str] | tuple = ()) -> str:
+    """How a config of ``specs`` and ``sets`` is named in messages."""
+    names = ["inline config" if str(s).lstrip().startswith("{") else str(s) for s in specs]
+    return ", ".join(names) + "".join(f" --set {item}" for item in sets)

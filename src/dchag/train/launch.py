@@ -179,8 +179,8 @@ def launch(
 
 def _newest_checkpoint(train_args: list[str]) -> str:
     """What a rerun of the stopped run continues from (its ranks checkpointed the step they were in)."""
+    from .checkpoint.manager import step_checkpoints
+
     out = Path(train_args[train_args.index("--output") + 1]) / "checkpoints"
-    steps = sorted(
-        (int(p.name[5:]), p) for p in out.glob("step_*") if p.name[5:].isdigit() and (p / ".metadata").exists()
-    )
+    steps = [(s, p) for s, p in step_checkpoints(out) if (p / ".metadata").exists()]
     return f"a rerun continues from {steps[-1][1]}" if steps else "no checkpoint was written: a rerun starts afresh"

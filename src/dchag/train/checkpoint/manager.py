@@ -26,6 +26,17 @@ from .safety import (
 
 log = logging.getLogger(__name__)
 
+
+def step_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """The step checkpoints (folders ``step_<N>``) in ``directory``, oldest first."""
+    found = []
+    for p in directory.glob("step_*") if directory.is_dir() else []:
+        m = _STEP.fullmatch(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
 LEGACY_STAMP = "run_config.json"  # checkpoints/run_config.json of dchag before per-checkpoint fingerprints
 _STEP = re.compile(r"step_(\d+)")
 # A run's record beside its checkpoints: moved aside with them when the configuration changes.
@@ -61,12 +72,7 @@ class CheckpointManager:
 
     # -- bookkeeping (rank 0) --------------------------------------------------------------------
     def steps(self) -> list[tuple[int, Path]]:
-        found = []
-        for p in self.directory.glob("step_*") if self.directory.is_dir() else []:
-            m = _STEP.fullmatch(p.name)
-            if m and p.is_dir():
-                found.append((int(m.group(1)), p))
-        return sorted(found)
+        return step_checkpoints(self.directory)
 
     def _stamp(self, path: Path) -> dict | None:
         """The checkpoint's fingerprint (an older dchag's: the run's stamp); raises
