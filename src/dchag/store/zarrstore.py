@@ -104,16 +104,17 @@ def open_zarr(path: str | os.PathLike, **kwargs) -> xr.Dataset:
         return xr.open_zarr(path, consolidated=False, **kwargs)
 
 
-def open_store(path: str | os.PathLike) -> xr.Dataset:
+def open_store(path: str | os.PathLike, **kwargs) -> xr.Dataset:
     """Open a dchag Zarr store, with channel names as the ``channel`` coordinate.
 
     Stores keep names in the ``channel_names`` attribute (portable across Zarr readers);
-    this puts them back as labels so ``ds.sel(channel="z500")`` works.
+    this puts them back as labels so ``ds.sel(channel="z500")`` works. ``kwargs`` go to
+    :func:`open_zarr` (``chunks=None``: no dask, for a few values read once).
     """
     path = Path(path)
     if not path.exists():
         raise MissingFileError(f"Zarr store not found: {path}")
-    ds = open_zarr(path)
+    ds = open_zarr(path, **kwargs)
     names = ds.attrs.get("channel_names")
     if names is not None and "channel" in ds.dims:
         ds = ds.assign_coords(channel=np.asarray(names, dtype=str))

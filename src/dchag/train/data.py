@@ -195,7 +195,7 @@ class ForecastDataset(Dataset):
     def _times(self):
         from ..store import open_zarr
 
-        with open_zarr(self.store) as ds:
+        with open_zarr(self.store, chunks=None) as ds:  # no dask: only the coordinate is read
             return pd.DatetimeIndex(ds.time.values)
 
     def __len__(self) -> int:

@@ -53,7 +53,10 @@ class Task:
         self.stores = {k: Path(v) for k, v in stores.items()}
         self.model_cfg: ModelConfig
 
-    def dataset(self, split: str, rank_channels: list[int], seed: int) -> torch.utils.data.Dataset:
+    def dataset(self, split: str, rank_channels: list[int], seed: int, cache: bool = True) -> torch.utils.data.Dataset:
+        """``split``'s samples of the channels ``rank_channels``, held in memory up to
+        train.cache_mb (``cache``; without it read from the store on use, as a check that only
+        counts samples wants)."""
         raise NotImplementedError
 
     def where(self, split: str) -> str:
@@ -149,7 +152,7 @@ class ForecastTask(Task):
     def data_signature(self) -> dict:
         from ..store import open_zarr
 
-        with open_zarr(self.stores["train"]) as ds:
+        with open_zarr(self.stores["train"], chunks=None) as ds:
             times = ds.time.values
             return {
                 "channels": list(ds.attrs["channel_names"]),
@@ -183,7 +186,7 @@ class ForecastTask(Task):
     def export_meta(self, store):
         from ..store import open_store
 
-        ds = open_store(store)
+        ds = open_store(store, chunks=None)
         names = [str(c) for c in ds.channel.values]
         long_names = ds.attrs.get("channel_long_names") or names
         unit = ds.attrs.get("channel_units") or [None] * len(names)
@@ -221,7 +224,7 @@ class ForecastTask(Task):
         from ..store import open_store
 
         kinds = {c.name: c.variable.kind for c in channels_from_config(self.cfg.era5)}
-        ds = open_store(store)
+        ds = open_store(store, chunks=None)
         out = {}
         for ch in meta["channels"]:
             if kinds.get(ch["name"]) == "constant":
@@ -229,10 +232,10 @@ class ForecastTask(Task):
                 out[ch["name"]] = (sel["data"].isel(time=0) * sel["std"] + sel["mean"]).values.astype(np.float32)
         return out
 
-    def dataset(self, split, rank_channels, seed):
+    def dataset(self, split, rank_channels, seed, cache=True):
         lead = tuple(self.cfg.train.forecast.lead_hours)
         return ForecastDataset(
-            self.stores[split], self.channels, rank_channels, self.outputs, lead, seed, cache_bytes=self.cache_bytes
+            self.stores[split], self.channels, rank_channels, self.outputs, lead, seed, self.cache_bytes * cache
         )
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
@@ -314,9 +317,9 @@ class _HsiTask(Task):
             "data": {"hsi": self.cfg.hsi},
         }
 
-    def dataset(self, split, rank_channels, seed):
+    def dataset(self, split, rank_channels, seed, cache=True):
         return SampleDataset(
-            self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels, cache_bytes=self.cache_bytes
+            self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels, self.cache_bytes * cache
         )
 
 

@@ -442,7 +442,7 @@ def check_launch(
     check_model_size(f"train.runs.{run}", cfg, *node_memory_mb())
     task = build_task(cfg, stores)
     every = list(range(task.model_cfg.in_channels))
-    sizes = [len(task.dataset(split, every, cfg.train.seed)) for split in ("train", "val")]
+    sizes = [len(task.dataset(split, every, cfg.train.seed, cache=False)) for split in ("train", "val")]
     dp = data_parallel_size(cfg.parallel.tp, cfg.parallel.data_parallel, world_size)
     check_splits(task, *sizes, dp, cfg.train.batch_size)
     if lock:
