@@ -124,6 +124,9 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     out = (tmp_path / "slurm_run.log").read_text()
     assert run.returncode == 0, out[-4000:]
     assert cancelled is not None, "the training job was never seen running with a checkpoint"
+    # Rules of seconds run in Snakemake's own process, every other rule as a Slurm job.
+    assert "localrule era5_stats:" in out and "localrule era5_demo_year:" in out, out[-4000:]
+    assert "\nrule era5_year:" in out and "\nrule train:" in out, out[-4000:]
     # The resubmitted job resumed (the training log says so) and its weights equal those of the
     # same training run here without Slurm, uninterrupted: the run's own config file and the
     # stores the Slurm jobs made, launched as the train rule launches it.

@@ -14,6 +14,7 @@ if ERA5["demo"]:
             ERA5["inputs"],
         log:
             f"{LOGS}/era5_demo_{{year}}.log",
+        localrule: True
         conda:
             "../../envs/preprocess.yaml"
         params:
@@ -32,6 +33,7 @@ if ERA5["demo"]:
                 ERA5["constants"],
             log:
                 f"{LOGS}/era5_demo_constants.log",
+            localrule: True
             conda:
                 "../../envs/preprocess.yaml"
             params:
@@ -154,6 +156,7 @@ rule era5_stats:
         f"{RESULTS}/era5/normalization.json",
     log:
         f"{LOGS}/era5_stats.log",
+    localrule: True
     conda:
         "../../envs/preprocess.yaml"
     params:

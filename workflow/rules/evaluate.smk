@@ -138,6 +138,7 @@ rule compare_scores:
     wildcard_constraints:
         candidate=one_of(P.comparisons),
         convention=one_of(schema_enum("evaluate.conventions")),
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:
@@ -218,6 +219,7 @@ rule hsi_scores:
         ),
     log:
         f"{LOGS}/hsi_scores.log",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:

@@ -16,6 +16,7 @@ rule fig_loss_curves:
         pdf=f"{FIGURES}/loss_curves.pdf",
     log:
         f"{LOGS}/fig_loss_curves.log",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:
@@ -40,6 +41,7 @@ rule fig_lead_time:
         f"{LOGS}/fig_lead_time_{{convention}}.log",
     wildcard_constraints:
         convention=one_of(schema_enum("evaluate.conventions")),
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:
@@ -112,6 +114,7 @@ rule fig_classification:
         pdf=f"{FIGURES}/classification.pdf",
     log:
         f"{LOGS}/fig_classification.log",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:
@@ -135,6 +138,7 @@ rule fig_foundation:
         table=f"{FIGURES}/foundation.csv",
     log:
         f"{LOGS}/fig_foundation.log",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:
@@ -171,6 +175,7 @@ rule verify_report:
         pdf=f"{FIGURES}/verify.pdf",
     log:
         f"{LOGS}/verify_report.log",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:

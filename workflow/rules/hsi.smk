@@ -12,6 +12,7 @@ if HSI and HSI["demo"]:
             envi=directory(HSI_DEMO_ENVI),
         log:
             f"{LOGS}/hsi_demo.log",
+        localrule: True
         conda:
             "../../envs/preprocess.yaml"
         params:

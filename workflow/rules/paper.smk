@@ -43,6 +43,7 @@ rule fig_paper:
         f"{LOGS}/fig_paper_{{kind}}.log",
     wildcard_constraints:
         kind="front_share|tokenization|tree|full_models|tp_scaling",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:
@@ -66,6 +67,7 @@ rule fig_paper_accuracy:
         table=f"{FIGURES}/paper/accuracy.csv",
     log:
         f"{LOGS}/fig_paper_accuracy.log",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:

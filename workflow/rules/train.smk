@@ -69,6 +69,7 @@ rule train_summary:
         f"{RESULTS}/train/summary.csv",
     log:
         f"{LOGS}/train_summary.log",
+    localrule: True
     conda:
         "../../envs/train.yaml"
     params:
