@@ -276,10 +276,16 @@ ALTERNATIVES = {
 }
 
 
+# The runs continued on another number of ranks (an allocation of another size): FSDP's shards
+# resharded onto more ranks; int8-EF's per-rank residuals, a new rank starting without one.
+RESHAPED = {"fsdp zero2": 4, "ddp int8-ef, fixed groups, rotation": 3}
+
+
 @pytest.mark.parametrize("name", list(ALTERNATIVES))
 def test_lightweight_alternatives_train(data_root, tmp_path, name):
     """The alternatives to D-CHAG as training options: DDP with bucketing and a compression
-    hook, fixed channel groups without TP, channel-subset rotation, FSDP2 sharding levels."""
+    hook, fixed channel groups without TP, channel-subset rotation, FSDP2 sharding levels; a
+    longer rerun on another number of ranks resumes at the step the first one ended."""
     root, base = data_root
     model, parallel, train = ALTERNATIVES[name]
     cfg = run_config(base, steps=12, checkpoint_every=6, val_every=6, **train)
@@ -295,6 +301,19 @@ def test_lightweight_alternatives_train(data_root, tmp_path, name):
     info = json.loads((out / "run.json").read_text())
     if "comm_hook" in parallel:
         assert info["compression"]["hook"] == parallel["comm_hook"]
+    if name in RESHAPED:
+        ranks = RESHAPED[name]
+        longer = run_config(base, steps=14, checkpoint_every=6, val_every=7, nproc=ranks, **train)
+        longer["model"].update(model)
+        longer["parallel"] = parallel
+        text = finish(torchrun(longer, out, root, nproc=ranks), out)
+        assert "resuming from" in text and "(step 12)" in text and "another configuration" not in text, text[-3000:]
+        assert f"trained on 2 data-parallel rank(s), this run has {ranks}" in text, text[-3000:]
+        assert "the epoch continues at its sample" in text and "a step now takes" in text
+        rows = list(csv.DictReader(open(out / "log.csv")))
+        assert [int(r["step"]) for r in rows] == list(range(1, 15))
+        assert all(math.isfinite(float(r["loss"])) for r in rows)
+        assert json.loads((out / "run.json").read_text())["parallel"]["world_size"] == ranks
 
 
 def _int8_hook_check(rank, world):

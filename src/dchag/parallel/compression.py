@@ -139,7 +139,10 @@ class ResidualState:
     """A checkpoint part (see ``dchag.train.state``): this rank's int8-EF residuals by
     parameter, so a resumed run continues the error feedback where it stopped. Kept per
     parameter, not per bucket, because DDP rebuilds its buckets after the first step of every
-    process. Other hooks have no state."""
+    process. Other hooks have no state. A rank new to a checkpoint of fewer ranks starts
+    with no residual."""
+
+    per_rank = True
 
     def __init__(self, hook: CompressionHook, model: torch.nn.Module):
         self.hook, self.model = hook, model

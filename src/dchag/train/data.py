@@ -309,7 +309,12 @@ def store_info(store: str | Path, group: str = "") -> dict:
 
 class ResumableSampler(Sampler[int]):
     """Seeded shuffling per epoch, sharded over the data-parallel ranks, able to start at any
-    position of an epoch (resume). Every rank of a tensor-parallel group gets the same indices."""
+    sample of an epoch (resume). Every rank of a tensor-parallel group gets the same indices.
+
+    The epoch's order is one sequence for every layout; data-parallel rank r of D takes its
+    samples ``offset + r, offset + r + D, ...``, where ``offset`` counts the samples every rank
+    together has consumed: a run resumed on another number of ranks continues the same order
+    where it stopped, and every rank gets as many samples as the others."""
 
     def __init__(self, size: int, dp_size: int, dp_rank: int, seed: int, shuffle: bool = True):
         self.size, self.dp_size, self.dp_rank, self.seed, self.shuffle = size, dp_size, dp_rank, seed, shuffle
@@ -317,16 +322,18 @@ class ResumableSampler(Sampler[int]):
         if self.per_rank == 0 and shuffle:
             raise DataError(f"{size} samples cannot be split over {dp_size} data-parallel ranks")
         self.epoch = 0
-        self.start = 0
+        self.offset = 0
 
-    def indices(self, epoch: int) -> list[int]:
+    def indices(self, epoch: int, offset: int = 0) -> list[int]:
+        """This rank's samples of ``epoch`` from the epoch's sample ``offset`` on."""
         order = (
             np.random.default_rng([self.seed, epoch]).permutation(self.size) if self.shuffle else np.arange(self.size)
         )
-        return order[: self.per_rank * self.dp_size][self.dp_rank :: self.dp_size].tolist()
+        count = max(0, self.per_rank * self.dp_size - offset) // self.dp_size
+        return order[offset + self.dp_rank :: self.dp_size][:count].tolist()
 
     def __iter__(self):
-        return iter(self.indices(self.epoch)[self.start :])
+        return iter(self.indices(self.epoch, self.offset))
 
     def __len__(self) -> int:
-        return self.per_rank - self.start
+        return max(0, self.per_rank * self.dp_size - self.offset) // self.dp_size

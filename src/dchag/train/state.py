@@ -88,20 +88,24 @@ class SchedulerState:
 
 class CountersState:
     """Named integer or float counters (the trainer's step, epoch, sampler position, best
-    validation loss)."""
+    validation loss); the ``optional`` ones keep their value where a checkpoint lacks them."""
 
-    def __init__(self, counters: dict[str, int | float]):
+    def __init__(self, counters: dict[str, int | float], optional: tuple[str, ...] = ()):
         self.counters = dict(counters)
+        self.optional = optional
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: _tensor(v) for k, v in self.counters.items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.counters = {k: type(v)(state[k].item()) for k, v in self.counters.items()}
+        self.counters = {k: type(v)(state[k].item()) if k in state else v for k, v in self.counters.items()}
 
 
 class RngState:
-    """This rank's torch RNG: every rank keys its own."""
+    """This rank's torch RNG: every rank keys its own (a rank new to a checkpoint of fewer
+    ranks keeps the state the run's seed gave it)."""
+
+    per_rank = True
 
     def __init__(self):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -110,4 +114,5 @@ class RngState:
         return {f"rank{self.rank}": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        torch.set_rng_state(state[f"rank{self.rank}"])
+        if f"rank{self.rank}" in state:
+            torch.set_rng_state(state[f"rank{self.rank}"])

@@ -66,6 +66,18 @@ def _groups(model: torch.nn.Module, cfg: RunSettings, model_cfg, tp: int) -> lis
     ]
 
 
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """The learning rate's factor at a step: linear warm-up, then a cosine to ``min_ratio``."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
 class NonFiniteError(DchagError, FloatingPointError):
     """The loss or the gradient norm of a step is NaN or infinite; no update was made."""
 

@@ -44,23 +44,13 @@ from . import finetune, state
 from .data import DataError, ResumableSampler, collate
 from .lock import RunLock, die_with_parent
 from .metrics import MetricsLogger, StepInstruments, gather_rank_values
-from .step import NonFiniteError, TrainStep, param_groups
+from .step import NonFiniteError, TrainStep, lr_lambda, param_groups
 from .stop import StopOnSignal, Stopped, ignore_in_worker
 from .tasks import build_task
 
 log = logging.getLogger(__name__)
 
 ERROR_FILE = ".error.json"  # a user error of this torchrun launch: its restarts end at once
-
-
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
 
 
 class Trainer:
@@ -161,7 +151,9 @@ class Trainer:
         """What a checkpoint saves and restores (the counters among them), and the step's
         instruments."""
         t = self.cfg.train
-        self.counters = state.CountersState({"step": 0, "epoch": 0, "position": 0, "best_val": float("inf")})
+        # position: the epoch's samples all data-parallel ranks (dp of them) have consumed
+        counters = {"step": 0, "epoch": 0, "position": 0, "dp": 0, "best_val": float("inf")}
+        self.counters = state.CountersState(counters, optional=("dp",))
         self.parts = {
             "model": state.ModelState(self.model),
             "optim": state.OptimizerState(self.model, self.opt),
@@ -227,18 +219,20 @@ class Trainer:
             worker_init_fn=ignore_in_worker if workers else None,
         )
 
-    def _batches(self, epoch: int, start: int):
+    def _batches(self, epoch: int, offset: int):
+        """(epoch, position after the batch, batch) from sample ``offset`` of ``epoch`` on."""
+        per_step = self.batch * self.dims.dp
         while True:
-            self.sampler.epoch, self.sampler.start = epoch, start
+            self.sampler.epoch, self.sampler.offset = epoch, offset
             if hasattr(self.train_set, "epoch"):
                 self.train_set.epoch = epoch
             for i, batch in enumerate(self._loader(self.train_set, self.sampler)):
-                yield epoch, start + (i + 1) * self.batch, batch
-            epoch, start = epoch + 1, 0
+                yield epoch, offset + (i + 1) * per_step, batch
+            epoch, offset = epoch + 1, 0
 
     def _samples(self, epoch: int, pos: int) -> list[int]:
-        """The training samples of the batch that ended at sampler position ``pos``."""
-        return self.sampler.indices(epoch)[max(0, pos - self.batch) : pos]
+        """This rank's training samples of the batch that ended at position ``pos``."""
+        return self.sampler.indices(epoch, max(0, pos - self.batch * self.dims.dp))[: self.batch]
 
     # -- validation --------------------------------------------------------------------------
     def validate(self) -> dict:
@@ -280,7 +274,7 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
     def _save(self, final: bool, step: int, epoch: int, pos: int, logger: MetricsLogger) -> Path:
-        self.counters.counters.update(step=step, epoch=epoch, position=pos)
+        self.counters.counters.update(step=step, epoch=epoch, position=pos, dp=self.dims.dp)
         self.checkpoints.history = logger.history()
         return self.checkpoints.save_final() if final else self.checkpoints.save_step(step)
 
@@ -291,8 +285,8 @@ class Trainer:
         resumed = self.checkpoints.resume(t.steps)
         c = self.counters.counters
         step, epoch, pos = c["step"], c["epoch"], c["position"]
-        if resumed is not None and self.rank == 0:
-            log.info(f"resuming from {resumed} (step {step})")
+        if resumed is not None:
+            pos = self._resumed_position(resumed, step, pos, c["dp"])
         logger = MetricsLogger(self.out, self.cfg.run, self.rank, t.steps, step, t.tensorboard, history=resumed)
         self.model.train()
         complete = False
@@ -310,6 +304,22 @@ class Trainer:
             logger.close(complete)
         dist.barrier()
         return final
+
+    def _resumed_position(self, resumed: Path, step: int, pos: int, dp: int) -> int:
+        """The epoch's position to continue from, said with the checkpoint it comes from (a
+        WARNING where the checkpoint was made on another number of data-parallel ranks)."""
+        if dp == 0:  # counted by one rank: every rank had consumed as many
+            dp, pos = self.dims.dp, pos * self.dims.dp
+        if self.rank == 0:
+            log.info(f"resuming from {resumed} (step {step})")
+            if dp != self.dims.dp:
+                log.warning(
+                    f"run {self.cfg.run}: {resumed} was trained on {dp} data-parallel rank(s), this run has "
+                    f"{self.dims.dp}: parameters and optimizer state are resharded, the epoch continues at its "
+                    f"sample {pos}; a step now takes {self.batch * self.dims.dp} samples "
+                    f"(train.batch_size {self.batch} per rank), {self.batch * dp} before"
+                )
+        return pos
 
     def _loop(self, stop: StopOnSignal, step: int, epoch: int, pos: int, logger: MetricsLogger) -> tuple:
         """Steps up to train.steps, checkpointed as due; on a signal, the step it came in is

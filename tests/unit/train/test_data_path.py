@@ -268,3 +268,26 @@ def test_training_from_zarr_with_workers_equals_training_from_memory(data_root, 
         weights[name] = final_weights(out)
     assert weights["zarr"].keys() == weights["memory"].keys()
     assert all(torch.equal(weights["zarr"][k], weights["memory"][k]) for k in weights["zarr"])
+
+
+@pytest.mark.parametrize("before, after", [(2, 4), (4, 3), (3, 1)])
+def test_the_sampler_continues_the_epoch_on_another_number_of_ranks(before, after):
+    """Rank r of D takes the epoch's samples offset + r, offset + r + D, ...: the ranks of a
+    run resumed on another number of ranks take, together, exactly the samples the first
+    layout had not, in the same order, each rank as many as the others."""
+    size, batch, steps = 53, 2, 3
+    from dchag.train.data import ResumableSampler
+
+    old = [ResumableSampler(size, before, r, seed=7) for r in range(before)]
+    order = np.random.default_rng([7, 0]).permutation(size)
+    consumed = steps * batch * before
+    taken = [s.indices(0)[: steps * batch] for s in old]
+    assert sorted(sum(taken, [])) == sorted(order[:consumed].tolist())
+    new = [ResumableSampler(size, after, r, seed=7) for r in range(after)]
+    for s in new:
+        s.offset = consumed
+    rest = [list(s) for s in new]
+    count = (size // after * after - consumed) // after
+    assert len({len(r) for r in rest}) == 1 and len(rest[0]) == len(new[0]) == count
+    interleaved = [rest[r][k] for k in range(len(rest[0])) for r in range(after)]
+    assert interleaved == order[consumed : consumed + after * len(rest[0])].tolist()

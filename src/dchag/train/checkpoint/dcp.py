@@ -32,6 +32,15 @@ def flatten(parts: dict[str, object]) -> dict[str, torch.Tensor]:
     return {f"{name}.{k}": v for name, part in parts.items() for k, v in part.state_dict().items()}
 
 
+def optional_keys(parts: dict[str, object]):
+    """Which keys of :func:`flatten`'s dict a checkpoint may lack (and hold more of): every key
+    of a part kept per rank (``per_rank``: a checkpoint of another number of ranks has other
+    ranks' keys) and the keys a part names ``optional`` (counters an older dchag did not keep)."""
+    per_rank = {name for name, part in parts.items() if getattr(part, "per_rank", False)}
+    named = {f"{name}.{k}" for name, part in parts.items() for k in getattr(part, "optional", ())}
+    return lambda key: key.split(".", 1)[0] in per_rank or key in named
+
+
 def restore(parts: dict[str, object], loaded: dict[str, torch.Tensor]) -> None:
     for name, part in parts.items():
         prefix = f"{name}."
@@ -88,18 +97,19 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[st
     return directory
 
 
-def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
+def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path, optional=lambda key: False) -> None:
     """Raise CheckpointError listing keys missing from the checkpoint, unexpected in it, or of
-    another shape or dtype, before anything is loaded."""
+    another shape or dtype, before anything is loaded; ``optional`` keys may be missing or
+    unexpected."""
     saved = saved_tensors(directory)
-    wanted = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items() if not k.startswith("rng.")}
+    wanted = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items() if not (optional(k) and k not in saved)}
     everyone = set(wanted)  # D-CHAG ranks hold different keys: "unexpected" is against all of them
     if dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, sorted(wanted))
         everyone = set().union(*gathered)
     missing = sorted(set(wanted) - set(saved))
-    unexpected = sorted(k for k in set(saved) - everyone if not k.startswith("rng."))
+    unexpected = sorted(k for k in set(saved) - everyone if not optional(k))
     shapes = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
     if missing or unexpected or shapes:
         parts = []
@@ -121,12 +131,18 @@ def _difference(key: str, saved: tuple, wanted: tuple) -> str:
     return f"{key} {str(saved[1]).removeprefix('torch.')} vs {str(wanted[1]).removeprefix('torch.')}"
 
 
-def load(tensors: dict[str, torch.Tensor], directory: str | Path) -> None:
+def load(tensors: dict[str, torch.Tensor], directory: str | Path, optional=lambda key: False) -> list[str]:
     """Load ``directory`` in place into ``tensors`` (every rank): its files compared with their
-    checksums, its metadata with the tensors, then the data."""
+    checksums, its metadata with the tensors, then the data. The ``optional`` keys the
+    checkpoint lacks are left out of ``tensors`` and returned."""
     verify(directory)
-    check_compatible(tensors, directory)
+    check_compatible(tensors, directory, optional)
+    saved = saved_tensors(directory)
+    absent = sorted(k for k in tensors if optional(k) and k not in saved)
+    for k in absent:
+        del tensors[k]
     dcp.load(tensors, storage_reader=SafeReader(str(directory)), planner=_TensorsOnlyPlanner())
+    return absent
 
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:

@@ -27,6 +27,10 @@ RESUMABLE = {
     "train.tensorboard",
     "train.max_restarts",
     "train.gpus_per_node",
+    # the number of data-parallel ranks (TP is parallel.tp): DCP reshards the parameters and
+    # the optimizer's state, the sampler continues at the epoch's sample (the trainer warns)
+    "train.nproc",
+    "train.nodes",
     "parallel.activation_checkpointing",
     "parallel.fsdp_reshard_after_forward",
     "model.fused_front_end",  # the same parameters and function, computed another way

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .dcp import _barrier, flatten, load, restore, save
+from .dcp import _barrier, flatten, load, optional_keys, restore, save
 from .fingerprint import changed_keys
 from .safety import (
     FINGERPRINT,
@@ -135,7 +135,7 @@ class CheckpointManager:
                 # the run's record (final/, its logs, run.json) goes with them, unless final/ is of this one
                 record = [p for p in map(self.run_dir.joinpath, RUN_RECORD) if p.exists() and final_changed != []]
                 dest = self._move_aside([*other, *record], why)
-                log.info(f"{self.run_dir} holds a run of {why}; moved its checkpoints and record to {dest}")
+                log.warning(f"{self.run_dir} holds a run of {why}; moved its checkpoints and record to {dest}")
             if self.directory.is_dir() and not self.steps():
                 (self.directory / LEGACY_STAMP).unlink(missing_ok=True)
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ class CheckpointManager:
         while (path := self.latest(last_step)) is not None:
             loaded = flatten(self.parts)
             try:
-                load(loaded, path)
+                load(loaded, path, optional_keys(self.parts))
             except (CheckpointException, DamagedCheckpointError) as err:  # raised on every rank
                 failed = path
                 why = f"damaged: its data cannot be read ({str(err).splitlines()[0][:200]})"
