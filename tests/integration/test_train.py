@@ -99,9 +99,11 @@ def test_sigkill_a_worker_then_resume_equals_uninterrupted_run(data_root, tmp_pa
 def test_a_signal_checkpoints_the_step_and_a_rerun_continues(data_root, tmp_path):
     """SIGUSR1 (a Slurm warning before the time limit; SIGTERM takes the same path) to the
     launcher: every rank finishes its step, the step is checkpointed, the launch ends in one
-    line naming the checkpoint, and the rerun continues from it, each step logged once."""
+    line naming the checkpoint, and the rerun continues from it, each step logged once; in
+    MLflow too (train.mlflow, the default SQLite store beside the run): the rerun continues the
+    same MLflow run, and the export logs the model folder to it."""
     root, base = data_root
-    cfg = run_config(base, steps=400, checkpoint_every=1000, val_every=1000, num_workers=1)
+    cfg = run_config(base, steps=400, checkpoint_every=1000, val_every=1000, num_workers=1, mlflow={"enabled": True})
     out = tmp_path / "run"
     launch = [sys.executable, "-m", "dchag", "launch-train", "--config", json.dumps(cfg), "--run-name", "f"]
     launch += ["--output", str(out), *store_args(root), "--nproc", "2", "--threads-per-rank", "1"]
@@ -126,6 +128,34 @@ def test_a_signal_checkpoints_the_step_and_a_rerun_continues(data_root, tmp_path
     assert done.returncode == 0 and f"(step {step})" in done.stderr, done.stderr[-3000:]
     rows = (out / "log.csv").read_text().splitlines()[1:]
     assert [int(r.split(",")[0]) for r in rows] == list(range(1, step + 4))
+    _check_mlflow_run(json.loads(longer), root, out, step)
+
+
+def _check_mlflow_run(cfg: dict, root: Path, out: Path, stopped: int) -> None:
+    """The MLflow store beside the run, read by MLflow's client: one run, FINISHED, with the
+    config as params, every step's metrics once at its step, and the exported model folder."""
+    from mlflow import MlflowClient
+
+    from dchag.predict.export import export
+
+    export(cfg, "f", out / "final", out / "model", root / "era5" / "train.zarr")
+    client = MlflowClient(f"sqlite:///{out.parent / 'mlflow' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(cfg["name"])
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "f" and run.info.status == "FINISHED"
+    assert json.loads((out / "final" / "mlflow.json").read_text())["run_id"] == run.info.run_id
+    params, tags = run.data.params, run.data.tags
+    assert params["train.lr"] == "0.003" and params["parallel.tp"] == "2" and params["train.steps"] == "400"
+    assert tags["changed.train.steps"] == f"400 -> {stopped + 3} at step {stopped}"
+    assert tags["resumed_at_step"] == str(stopped) and tags["version.torch"] == torch.__version__
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert sorted(m.step for m in losses) == list(range(1, stopped + 4))
+    logged = {int(r.split(",")[0]): float(r.split(",")[2]) for r in (out / "log.csv").read_text().splitlines()[1:]}
+    assert all(math.isclose(m.value, logged[m.step], rel_tol=1e-6) for m in losses)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/loss")] == [stopped + 3]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert artifacts == {"model/model.json", "model/model.safetensors"}
+    assert "config.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 def _tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:

@@ -71,6 +71,13 @@ class Rotation:
 
 
 @dataclass(frozen=True)
+class MlflowSettings:
+    enabled: bool
+    tracking_uri: str | None
+    experiment: str | None
+
+
+@dataclass(frozen=True)
 class TrainSettings:
     nproc: int
     nodes: int
@@ -95,6 +102,7 @@ class TrainSettings:
     measure_comm: bool
     measure_memory: bool
     tensorboard: bool
+    mlflow: MlflowSettings
     forecast: ForecastSettings
     mae: MaeSettings
     rotation: Rotation | None  # None: no channel-subset rotation

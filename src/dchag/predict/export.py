@@ -59,4 +59,7 @@ def export(config: dict, run: str, checkpoint: str | Path, output: str | Path, s
     model = from_run(config, run, checkpoint, store)
     save(model, output)
     log.info("exported run %s (%s) to %s", run, checkpoint, output)
+    from ..train.tracking import log_model
+
+    log_model(config, run, checkpoint, output)  # to the run's MLflow run, when train.mlflow is on
     return Path(output)

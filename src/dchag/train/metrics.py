@@ -1,6 +1,7 @@
 """What a training run records: ``log.csv`` (one row per step), ``ranks.csv`` (every rank's
-throughput, memory and timings), TensorBoard event files in ``tensorboard/`` and a progress
-bar, all on rank 0. Files under construction end in ``.partial`` until the run completes.
+throughput, memory and timings), TensorBoard event files in ``tensorboard/``, the metrics of
+an MLflow run (``train.mlflow``, :mod:`dchag.train.tracking`) and a progress bar, all on rank 0.
+Files under construction end in ``.partial`` until the run completes.
 
 Instruments that slow the step they measure are opt-in: ``train.measure_comm`` times the
 collectives of every step (``instrumented`` = ``comm``; the timings are kept, they are what
@@ -15,6 +16,7 @@ import contextlib
 import csv
 import dataclasses
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +110,9 @@ class MetricsLogger:
         resume_step: int,
         tensorboard: bool,
         history: Path | None = None,
+        tracker=None,
     ):
-        self.out, self.active = Path(out), rank == 0
+        self.out, self.active, self.tracker = Path(out), rank == 0, tracker
         self.paths = {"log": self.out / "log.csv.partial", "ranks": self.out / "ranks.csv.partial"}
         self.excluded: list[int] = []
         if not self.active:
@@ -135,16 +138,28 @@ class MetricsLogger:
         self.log.append(row)
         for r, values in enumerate(rank_values or []):
             self.ranks.append({"step": row["step"], "rank": r, **dict(zip(RANK_FIELDS, values))})
-        if self.tb is not None:
-            for k, v in row.items():
-                if k not in ("step", "epoch", "instrumented") and isinstance(v, (int, float)) and v == v:
-                    self.tb.add_scalar(f"train/{k}" if not k.startswith("val_") else f"val/{k[4:]}", v, row["step"])
+        scalars = {
+            f"train/{k}" if not k.startswith("val_") else f"val/{k[4:]}": v
+            for k, v in row.items()
+            if k not in ("step", "epoch", "instrumented") and isinstance(v, (int, float)) and v == v
+        }
+        for k, v in scalars.items() if self.tb is not None else ():
+            self.tb.add_scalar(k, v, row["step"])
+        if self.tracker is not None:
+            self.tracker.log_step(row["step"], scalars)
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{row['loss']:.4f}")
 
-    def history(self) -> dict[str, Path]:
+    def history(self) -> dict[str, Path | str]:
         """The logs as they stand, for a checkpoint to keep (rank 0's; none elsewhere)."""
-        return {f"{name}.csv": path for name, path in self.paths.items()} if self.active else {}
+        if not self.active:
+            return {}
+        kept: dict[str, Path | str] = {f"{name}.csv": path for name, path in self.paths.items()}
+        if self.tracker is not None:
+            from .tracking import RECORD
+
+            kept[RECORD] = self.tracker.record()  # a run resumed from the checkpoint continues it
+        return kept
 
     def close(self, complete: bool) -> None:
         """Flush; when the run completed, the logs take their final names."""
@@ -153,6 +168,11 @@ class MetricsLogger:
         self.bar.close()
         if self.tb is not None:
             self.tb.close()
+        if self.tracker is not None:  # called from the trainer's finally: the exception, if any, is in flight
+            from .stop import Stopped
+
+            stopped = isinstance(sys.exc_info()[1], Stopped)
+            self.tracker.end("FINISHED" if complete else "KILLED" if stopped else "FAILED")
         if complete:
             self.paths["log"].replace(self.out / "log.csv")
             self.paths["ranks"].replace(self.out / "ranks.csv")

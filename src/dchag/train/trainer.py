@@ -5,8 +5,8 @@ layout, assembled from components as torchtitan's trainer is:
 * the parallelized model (``dchag.parallel``) over the ("dp", "tp") device mesh;
 * the train step (``step.py``): forward, backward, clipping, optimizer, schedule, rotation;
   a non-finite loss or gradient norm stops the run before the update;
-* the metrics logger and the step's instruments (``metrics.py``): CSV logs, TensorBoard, a
-  progress bar, opt-in timing and memory tracking;
+* the metrics logger and the step's instruments (``metrics.py``): CSV logs, TensorBoard, an
+  MLflow run (``tracking.py``), a progress bar, opt-in timing and memory tracking;
 * the checkpoint manager (``checkpoint.py``) over the run's stateful parts (``state.py``):
   save every N steps and at the end, resume a restarted group (torchrun --max-restarts) from
   the newest checkpoint, replaying exactly the batches an uninterrupted run would have seen,
@@ -40,7 +40,7 @@ from ..parallel.names import unwrap
 from ..parallel.parallelize import autocast, resolve_precision
 from ..vocabulary import Aggregation, MeshAxis, Strategy
 from . import checkpoint as ckpt
-from . import finetune, state
+from . import finetune, state, tracking
 from .data import DataError, ResumableSampler, collate
 from .lock import RunLock, die_with_parent
 from .metrics import MetricsLogger, StepInstruments, gather_rank_values
@@ -287,15 +287,15 @@ class Trainer:
         step, epoch, pos = c["step"], c["epoch"], c["position"]
         if resumed is not None:
             pos = self._resumed_position(resumed, step, pos, c["dp"])
-        logger = MetricsLogger(self.out, self.cfg.run, self.rank, t.steps, step, t.tensorboard, history=resumed)
+        tracker = tracking.start(self.cfg, self.out, resumed, step, self.rank, self.dims.world_size)
+        logger = MetricsLogger(self.out, self.cfg.run, self.rank, t.steps, step, t.tensorboard, resumed, tracker)
         self.model.train()
         complete = False
         try:
             with StopOnSignal() as stop:
                 step, epoch, pos = self._loop(stop, step, epoch, pos, logger)
             final = self._save(True, step, epoch, pos, logger)
-            # the last step's checkpoint beside final/ (which Snakemake deletes before a rerun):
-            # a longer rerun continues from it
+            # the last step's checkpoint beside final/ (deleted by Snakemake before a rerun)
             self.checkpoints.keep_as_step(step)
             if self.rank == 0:
                 self._write_run_info(logger.excluded, step, resumed)
@@ -306,8 +306,7 @@ class Trainer:
         return final
 
     def _resumed_position(self, resumed: Path, step: int, pos: int, dp: int) -> int:
-        """The epoch's position to continue from, said with the checkpoint it comes from (a
-        WARNING where the checkpoint was made on another number of data-parallel ranks)."""
+        """The epoch's position to continue from; a WARNING where the layout changed."""
         if dp == 0:  # counted by one rank: every rank had consumed as many
             dp, pos = self.dims.dp, pos * self.dims.dp
         if self.rank == 0:
@@ -450,6 +449,7 @@ def check_launch(
     config = _with_init_from(config, run, init_from)
     cfg = check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world_size).settings
     check_model_size(f"train.runs.{run}", cfg, *node_memory_mb())
+    tracking.check(cfg, outdir)
     task = build_task(cfg, stores)
     every = list(range(task.model_cfg.in_channels))
     sizes = [len(task.dataset(split, every, cfg.train.seed, cache=False)) for split in ("train", "val")]

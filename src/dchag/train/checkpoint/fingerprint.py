@@ -25,6 +25,9 @@ RESUMABLE = {
     "train.measure_comm",
     "train.measure_memory",
     "train.tensorboard",
+    "train.mlflow.enabled",
+    "train.mlflow.tracking_uri",
+    "train.mlflow.experiment",
     "train.max_restarts",
     "train.gpus_per_node",
     # the number of data-parallel ranks (TP is parallel.tp): DCP reshards the parameters and
