@@ -334,6 +334,10 @@ def check_the_measured_memory_has_the_papers_shape(mem: dict) -> None:
 def check_evaluation(results: Path) -> None:
     import pandas as pd
     import xarray as xr
+    from pandas.testing import assert_frame_equal
+
+    from dchag.evaluate import perinit
+    from dchag.evaluate.weather import REGIONS
 
     ev = results / "eval"
     for source in (
@@ -346,7 +350,11 @@ def check_evaluation(results: Path) -> None:
     ):
         for conv in ("wb2", "climax"):
             df = pd.read_csv(ev / "era5" / f"scores_{source}_{conv}.csv")
-            assert list(df.columns) == ["variable", "lead_time_hours", "metric", "value", "convention"]
+            assert list(df.columns) == ["variable", "lead_time_hours", "region", "metric", "value", "convention"]
+            assert "global" in set(df.region) and set(df.region) <= set(REGIONS)
+            stats = perinit.open_statistics(ev / "era5" / f"scores_{source}_{conv}.nc")
+            assert_frame_equal(perinit.table(stats), df, check_dtype=False, check_exact=False, rtol=1e-9)
+            df = df[df.region == "global"]
             assert set(df.variable) == {"z500", "t850", "t2m", "u10", "v10"}
             assert set(df.lead_time_hours) == {168, 336, 720} and (df.convention == conv).all()
             rmse = df[df.metric == "rmse"].value

@@ -92,19 +92,21 @@ rule baseline_forecast:
 
 
 rule score:
-    """Latitude-weighted RMSE, MSE and ACC of one forecast, under one convention (wb2 or climax)."""
+    """Latitude-weighted RMSE, MSE and ACC of one forecast per region, under one convention (wb2
+    or climax), and the per-initialisation statistics they are computed from."""
     input:
         forecast=f"{EVAL_DIR}/era5/forecast_{{source}}.zarr",
         truth=f"{EVAL_DIR}/era5/truth.zarr",
         climatology=f"{EVAL_DIR}/era5/climatology.zarr",
     output:
-        report(
+        csv=report(
             f"{EVAL_DIR}/era5/scores_{{source}}_{{convention}}.csv",
             caption="../report/scores.rst",
             category="Weather scores",
             subcategory="{convention}",
             labels={"forecast": "{source}", "convention": "{convention}"},
         ),
+        statistics=f"{EVAL_DIR}/era5/scores_{{source}}_{{convention}}.nc",
     log:
         f"{LOGS}/score_{{source}}_{{convention}}.log",
     wildcard_constraints:
@@ -117,7 +119,8 @@ rule score:
         options=score_options,
     shell:
         "{params.dchag} score --forecast {input.forecast:q} --truth {input.truth:q} {params.options:q} "
-        "--convention {wildcards.convention} --output {output:q} > {log:q} 2>&1"
+        "--convention {wildcards.convention} --output {output.csv:q} --statistics {output.statistics:q} "
+        "> {log:q} 2>&1"
 
 
 rule compare_scores:

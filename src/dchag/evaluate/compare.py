@@ -12,7 +12,7 @@ import pandas as pd
 from ..store import InputError
 from .score import COLUMNS
 
-KEYS = ["variable", "lead_time_hours", "metric", "convention"]
+KEYS = ["variable", "lead_time_hours", "region", "metric", "convention"]
 
 
 def _scores(path: str | Path) -> pd.DataFrame:
@@ -28,12 +28,12 @@ def _scores(path: str | Path) -> pd.DataFrame:
 def percent_change(
     baseline: str | Path, candidate: str | Path, baseline_name: str = "baseline", candidate_name: str = "dchag"
 ) -> pd.DataFrame:
-    """100 * (candidate - baseline) / |baseline| for every (variable, lead, metric, convention)
+    """100 * (candidate - baseline) / |baseline| for every (variable, lead, region, metric, convention)
     scored in both files. For RMSE and MSE lower is better, for ACC higher."""
     b, c = _scores(baseline), _scores(candidate)
     merged = b.merge(c, on=KEYS, suffixes=("_b", "_c"))
     if merged.empty:
-        raise InputError(f"{baseline} and {candidate} share no (variable, lead time, metric, convention)")
+        raise InputError(f"{baseline} and {candidate} share no (variable, lead time, region, metric, convention)")
     with np.errstate(divide="ignore", invalid="ignore"):
         pct = 100.0 * (merged["value_c"] - merged["value_b"]) / merged["value_b"].abs()
     out = merged[KEYS].copy()
