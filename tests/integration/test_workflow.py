@@ -365,6 +365,12 @@ def check_evaluation(results: Path) -> None:
     table = pd.read_csv(ev / "era5" / "comparison_forecast-dchag_wb2.csv")
     assert {"percent_change", "forecast-baseline", "forecast-dchag"} <= set(table.columns)
     assert set(table.metric) == {"rmse", "mse", "acc"} and table.percent_change.notna().all()
+    assert (
+        set(table.verdict) <= {"better", "worse", "no significant difference"}
+        and table.p_value.dropna().between(0, 1).all()
+    )
+    assert (table.percent_lower <= table.percent_change).all() and (table.percent_change <= table.percent_upper).all()
+    assert set(table.region) == set(REGIONS) and (table.method == "t_test_ar2").all()
     hsi = pd.read_csv(ev / "hsi" / "scores.csv")
     classification = {"classification-baseline"} | {f"classification-dchag{s}" for s in ("", "-ft", "-probe")}
     assert set(hsi.run) == {"mae-baseline", "mae-dchag"} | classification

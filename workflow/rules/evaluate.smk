@@ -124,10 +124,11 @@ rule score:
 
 
 rule compare_scores:
-    """D-CHAG's scores against its baseline's, per variable, lead time and metric."""
+    """D-CHAG's scores against its baseline's, per variable, lead time, region and metric, with
+    confidence intervals, p-values and verdicts (evaluate.significance)."""
     input:
         baseline=compared_baseline,
-        candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.csv",
+        candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.nc",
     output:
         report(
             f"{EVAL_DIR}/era5/comparison_{{candidate}}_{{convention}}.csv",
@@ -146,9 +147,16 @@ rule compare_scores:
     params:
         dchag=DCHAG,
         base=comparison_baseline_name,
+        method=EVAL["significance"]["method"],
+        alpha=EVAL["significance"]["alpha"],
+        margin=EVAL["significance"]["equivalence_margin_percent"],
+        replicates=EVAL["significance"]["bootstrap_replicates"],
+        seed=EVAL["significance"]["seed"],
     shell:
         "{params.dchag} compare-scores --baseline {input.baseline:q} --candidate {input.candidate:q} "
-        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --output {output:q} > {log:q} 2>&1"
+        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --method {params.method} "
+        "--alpha {params.alpha} --equivalence-margin {params.margin} --replicates {params.replicates} "
+        "--seed {params.seed} --output {output:q} > {log:q} 2>&1"
 
 
 rule evaluate_mae:

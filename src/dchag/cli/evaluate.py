@@ -54,15 +54,23 @@ def cmd_score(args) -> None:
 
 
 def cmd_compare_scores(args) -> None:
-    from ..evaluate.compare import percent_change
+    from ..evaluate.compare import compare_scores
     from ..evaluate.score import write_csv
 
-    df = percent_change(args.baseline, args.candidate, args.baseline_name, args.candidate_name)
-    write_csv(df, args.output)
-    table = df.pivot_table(
-        index=["convention", "variable", "lead_time_hours"], columns="metric", values="percent_change"
+    df = compare_scores(
+        args.baseline,
+        args.candidate,
+        args.baseline_name,
+        args.candidate_name,
+        args.method,
+        args.alpha,
+        args.equivalence_margin,
+        args.replicates,
+        args.seed,
     )
-    print(table.round(2).to_string())
+    write_csv(df, args.output)
+    table = df[df.region == "global"].set_index(["convention", "variable", "lead_time_hours", "metric"])
+    print(table[["percent_change", "percent_lower", "percent_upper", "p_value", "verdict"]].round(4).to_string())
 
 
 def cmd_score_recon(args) -> None:
@@ -139,13 +147,31 @@ def _score_commands(add) -> None:
     sp = add(
         "compare-scores",
         cmd_compare_scores,
-        "percent change of one run's scores against another's (the paper's table)",
+        "one run's scores against another's with confidence intervals and p-values (the paper's table)",
     )
-    sp.add_argument("--baseline", required=True)
-    sp.add_argument("--candidate", required=True)
+    sp.add_argument("--baseline", required=True, help="the baseline's per-init statistics (dchag score --statistics)")
+    sp.add_argument("--candidate", required=True, help="the candidate's, over the same initialisation times")
     sp.add_argument("--baseline-name", default="baseline")
     sp.add_argument("--candidate-name", default="dchag")
-    sp.add_argument("--output", required=True)
+    sig = "evaluate.significance"
+    sp.add_argument(
+        "--method", choices=schema_enum(f"{sig}.method"), default=schema_default(f"{sig}.method"), help=f"{sig}.method"
+    )
+    sp.add_argument("--alpha", type=positive_float, default=schema_default(f"{sig}.alpha"), help=f"{sig}.alpha")
+    sp.add_argument(
+        "--equivalence-margin",
+        type=positive_float,
+        default=schema_default(f"{sig}.equivalence_margin_percent"),
+        help=f"percent ({sig}.equivalence_margin_percent)",
+    )
+    sp.add_argument(
+        "--replicates",
+        type=positive_int,
+        default=schema_default(f"{sig}.bootstrap_replicates"),
+        help=f"{sig}.bootstrap_replicates",
+    )
+    sp.add_argument("--seed", type=int, default=schema_default(f"{sig}.seed"), help=f"{sig}.seed")
+    sp.add_argument("--output", required=True, help="CSV: per variable, lead, region and metric")
 
 
 def register(add) -> None:
