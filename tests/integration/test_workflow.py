@@ -334,6 +334,10 @@ def check_the_measured_memory_has_the_papers_shape(mem: dict) -> None:
 def check_evaluation(results: Path) -> None:
     import pandas as pd
     import xarray as xr
+    from pandas.testing import assert_frame_equal
+
+    from dchag.evaluate import perinit
+    from dchag.evaluate.weather import REGIONS
 
     ev = results / "eval"
     for source in (
@@ -346,7 +350,11 @@ def check_evaluation(results: Path) -> None:
     ):
         for conv in ("wb2", "climax"):
             df = pd.read_csv(ev / "era5" / f"scores_{source}_{conv}.csv")
-            assert list(df.columns) == ["variable", "lead_time_hours", "metric", "value", "convention"]
+            assert list(df.columns) == ["variable", "lead_time_hours", "region", "metric", "value", "convention"]
+            assert "global" in set(df.region) and set(df.region) <= set(REGIONS)
+            stats = perinit.open_statistics(ev / "era5" / f"scores_{source}_{conv}.nc")
+            assert_frame_equal(perinit.table(stats), df, check_dtype=False, check_exact=False, rtol=1e-9)
+            df = df[df.region == "global"]
             assert set(df.variable) == {"z500", "t850", "t2m", "u10", "v10"}
             assert set(df.lead_time_hours) == {168, 336, 720} and (df.convention == conv).all()
             rmse = df[df.metric == "rmse"].value
@@ -357,6 +365,12 @@ def check_evaluation(results: Path) -> None:
     table = pd.read_csv(ev / "era5" / "comparison_forecast-dchag_wb2.csv")
     assert {"percent_change", "forecast-baseline", "forecast-dchag"} <= set(table.columns)
     assert set(table.metric) == {"rmse", "mse", "acc"} and table.percent_change.notna().all()
+    assert (
+        set(table.verdict) <= {"better", "worse", "no significant difference"}
+        and table.p_value.dropna().between(0, 1).all()
+    )
+    assert (table.percent_lower <= table.percent_change).all() and (table.percent_change <= table.percent_upper).all()
+    assert set(table.region) == set(REGIONS) and (table.method == "t_test_ar2").all()
     hsi = pd.read_csv(ev / "hsi" / "scores.csv")
     classification = {"classification-baseline"} | {f"classification-dchag{s}" for s in ("", "-ft", "-probe")}
     assert set(hsi.run) == {"mae-baseline", "mae-dchag"} | classification

@@ -219,7 +219,7 @@ def scored_sources():
 
 
 def compared_baseline(wildcards):
-    return f"{EVAL_DIR}/era5/scores_{P.comparisons[wildcards.candidate]}_{wildcards.convention}.csv"
+    return f"{EVAL_DIR}/era5/scores_{P.comparisons[wildcards.candidate]}_{wildcards.convention}.nc"
 
 
 def comparison_baseline_name(wildcards):

@@ -92,19 +92,21 @@ rule baseline_forecast:
 
 
 rule score:
-    """Latitude-weighted RMSE, MSE and ACC of one forecast, under one convention (wb2 or climax)."""
+    """Latitude-weighted RMSE, MSE and ACC of one forecast per region, under one convention (wb2
+    or climax), and the per-initialisation statistics they are computed from."""
     input:
         forecast=f"{EVAL_DIR}/era5/forecast_{{source}}.zarr",
         truth=f"{EVAL_DIR}/era5/truth.zarr",
         climatology=f"{EVAL_DIR}/era5/climatology.zarr",
     output:
-        report(
+        csv=report(
             f"{EVAL_DIR}/era5/scores_{{source}}_{{convention}}.csv",
             caption="../report/scores.rst",
             category="Weather scores",
             subcategory="{convention}",
             labels={"forecast": "{source}", "convention": "{convention}"},
         ),
+        statistics=f"{EVAL_DIR}/era5/scores_{{source}}_{{convention}}.nc",
     log:
         f"{LOGS}/score_{{source}}_{{convention}}.log",
     wildcard_constraints:
@@ -117,14 +119,16 @@ rule score:
         options=score_options,
     shell:
         "{params.dchag} score --forecast {input.forecast:q} --truth {input.truth:q} {params.options:q} "
-        "--convention {wildcards.convention} --output {output:q} > {log:q} 2>&1"
+        "--convention {wildcards.convention} --output {output.csv:q} --statistics {output.statistics:q} "
+        "> {log:q} 2>&1"
 
 
 rule compare_scores:
-    """D-CHAG's scores against its baseline's, per variable, lead time and metric."""
+    """D-CHAG's scores against its baseline's, per variable, lead time, region and metric, with
+    confidence intervals, p-values and verdicts (evaluate.significance)."""
     input:
         baseline=compared_baseline,
-        candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.csv",
+        candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.nc",
     output:
         report(
             f"{EVAL_DIR}/era5/comparison_{{candidate}}_{{convention}}.csv",
@@ -144,9 +148,16 @@ rule compare_scores:
     params:
         dchag=DCHAG,
         base=comparison_baseline_name,
+        method=EVAL["significance"]["method"],
+        alpha=EVAL["significance"]["alpha"],
+        margin=EVAL["significance"]["equivalence_margin_percent"],
+        replicates=EVAL["significance"]["bootstrap_replicates"],
+        seed=EVAL["significance"]["seed"],
     shell:
         "{params.dchag} compare-scores --baseline {input.baseline:q} --candidate {input.candidate:q} "
-        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --output {output:q} > {log:q} 2>&1"
+        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --method {params.method} "
+        "--alpha {params.alpha} --equivalence-margin {params.margin} --replicates {params.replicates} "
+        "--seed {params.seed} --output {output:q} > {log:q} 2>&1"
 
 
 rule evaluate_mae:

@@ -28,9 +28,12 @@ def cmd_baseline_forecast(args) -> None:
 
 
 def cmd_score(args) -> None:
-    from ..evaluate.score import score_files, write_csv
+    from pathlib import Path
 
-    df = score_files(
+    from ..evaluate import perinit
+    from ..evaluate.score import score_statistics, write_csv
+
+    stats = score_statistics(
         args.forecast,
         args.truth,
         args.climatology,
@@ -41,21 +44,33 @@ def cmd_score(args) -> None:
         args.lead_hours,
         args.regrid,
     )
+    df = perinit.table(stats)
+    perinit.write(stats, args.statistics or Path(args.output).with_suffix(".nc"))
     write_csv(df, args.output)
-    table = df.pivot_table(index=["variable", "lead_time_hours"], columns="metric", values="value", dropna=False)
+    table = df[df.region == "global"].pivot_table(
+        index=["variable", "lead_time_hours"], columns="metric", values="value", dropna=False
+    )
     print(table.to_string())  # an undefined ACC shows as NaN, as in the CSV
 
 
 def cmd_compare_scores(args) -> None:
-    from ..evaluate.compare import percent_change
+    from ..evaluate.compare import compare_scores
     from ..evaluate.score import write_csv
 
-    df = percent_change(args.baseline, args.candidate, args.baseline_name, args.candidate_name)
-    write_csv(df, args.output)
-    table = df.pivot_table(
-        index=["convention", "variable", "lead_time_hours"], columns="metric", values="percent_change"
+    df = compare_scores(
+        args.baseline,
+        args.candidate,
+        args.baseline_name,
+        args.candidate_name,
+        args.method,
+        args.alpha,
+        args.equivalence_margin,
+        args.replicates,
+        args.seed,
     )
-    print(table.round(2).to_string())
+    write_csv(df, args.output)
+    table = df[df.region == "global"].set_index(["convention", "variable", "lead_time_hours", "metric"])
+    print(table[["percent_change", "percent_lower", "percent_upper", "p_value", "verdict"]].round(4).to_string())
 
 
 def cmd_score_recon(args) -> None:
@@ -104,6 +119,61 @@ def _model_args(sp, task: str) -> None:
     )
 
 
+def _score_commands(add) -> None:
+    """`dchag score` and `dchag compare-scores`."""
+    sp = add("score", cmd_score, "latitude-weighted RMSE, MSE and ACC of a forecast file against a truth file")
+    sp.add_argument("--forecast", required=True, help="netCDF/Zarr: (time, [prediction_timedelta|lead_time,] lat, lon)")
+    sp.add_argument("--truth", required=True, help="netCDF/Zarr: (time, lat, lon)")
+    sp.add_argument(
+        "--climatology", help="netCDF/Zarr: (dayofyear[, hour], [level], lat, lon); required for ACC under wb2"
+    )
+    sp.add_argument("--convention", choices=list(SCORING), required=True)
+    sp.add_argument("--batch-size", type=positive_int, help="climax ACC: samples per batch (default: all in one)")
+    sp.add_argument("--metrics", nargs="+", choices=list(METRICS), help="default: all three")
+    sp.add_argument("--variables", nargs="+", help="default: every lat-lon variable of the forecast")
+    sp.add_argument(
+        "--lead-hours", type=nonneg_float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)"
+    )
+    sp.add_argument(
+        "--regrid", choices=schema_enum("era5.regrid.method"), help="regrid the forecast onto the truth's grid"
+    )
+    sp.add_argument("--output", required=True, help="CSV: variable, lead_time_hours, region, metric, value, convention")
+    sp.add_argument(
+        "--statistics",
+        help="netCDF of the per-initialisation statistics the scores are computed from "
+        "(default: the CSV's path with suffix .nc)",
+    )
+
+    sp = add(
+        "compare-scores",
+        cmd_compare_scores,
+        "one run's scores against another's with confidence intervals and p-values (the paper's table)",
+    )
+    sp.add_argument("--baseline", required=True, help="the baseline's per-init statistics (dchag score --statistics)")
+    sp.add_argument("--candidate", required=True, help="the candidate's, over the same initialisation times")
+    sp.add_argument("--baseline-name", default="baseline")
+    sp.add_argument("--candidate-name", default="dchag")
+    sig = "evaluate.significance"
+    sp.add_argument(
+        "--method", choices=schema_enum(f"{sig}.method"), default=schema_default(f"{sig}.method"), help=f"{sig}.method"
+    )
+    sp.add_argument("--alpha", type=positive_float, default=schema_default(f"{sig}.alpha"), help=f"{sig}.alpha")
+    sp.add_argument(
+        "--equivalence-margin",
+        type=positive_float,
+        default=schema_default(f"{sig}.equivalence_margin_percent"),
+        help=f"percent ({sig}.equivalence_margin_percent)",
+    )
+    sp.add_argument(
+        "--replicates",
+        type=positive_int,
+        default=schema_default(f"{sig}.bootstrap_replicates"),
+        help=f"{sig}.bootstrap_replicates",
+    )
+    sp.add_argument("--seed", type=int, default=schema_default(f"{sig}.seed"), help=f"{sig}.seed")
+    sp.add_argument("--output", required=True, help="CSV: per variable, lead, region and metric")
+
+
 def register(add) -> None:
     sp = add(
         "era5-truth",
@@ -130,34 +200,7 @@ def register(add) -> None:
     sp.add_argument("--climatology", help="day-of-year climatology (needed for --kind climatology)")
     sp.add_argument("--output", required=True)
 
-    sp = add("score", cmd_score, "latitude-weighted RMSE, MSE and ACC of a forecast file against a truth file")
-    sp.add_argument("--forecast", required=True, help="netCDF/Zarr: (time, [prediction_timedelta|lead_time,] lat, lon)")
-    sp.add_argument("--truth", required=True, help="netCDF/Zarr: (time, lat, lon)")
-    sp.add_argument(
-        "--climatology", help="netCDF/Zarr: (dayofyear[, hour], [level], lat, lon); required for ACC under wb2"
-    )
-    sp.add_argument("--convention", choices=list(SCORING), required=True)
-    sp.add_argument("--batch-size", type=positive_int, help="climax ACC: samples per batch (default: all in one)")
-    sp.add_argument("--metrics", nargs="+", choices=list(METRICS), help="default: all three")
-    sp.add_argument("--variables", nargs="+", help="default: every lat-lon variable of the forecast")
-    sp.add_argument(
-        "--lead-hours", type=nonneg_float, nargs="+", help="score only these leads (or the lead of a 3-D forecast)"
-    )
-    sp.add_argument(
-        "--regrid", choices=schema_enum("era5.regrid.method"), help="regrid the forecast onto the truth's grid"
-    )
-    sp.add_argument("--output", required=True, help="CSV: variable, lead_time_hours, metric, value, convention")
-
-    sp = add(
-        "compare-scores",
-        cmd_compare_scores,
-        "percent change of one run's scores against another's (the paper's table)",
-    )
-    sp.add_argument("--baseline", required=True)
-    sp.add_argument("--candidate", required=True)
-    sp.add_argument("--baseline-name", default="baseline")
-    sp.add_argument("--candidate-name", default="dchag")
-    sp.add_argument("--output", required=True)
+    _score_commands(add)
 
     sp = add("score-recon", cmd_score_recon, "reconstruction scores (RMSE, PSNR, SSIM, SAM, ERGAS) of two .npy cubes")
     sp.add_argument("--truth", required=True, help=".npy cube")

@@ -120,6 +120,7 @@ class EvaluateSettings:
     map_variable: str | None
     foundation: dict[str, dict[str, str]]
     compare: dict[str, str]
+    significance: dict
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Tables across runs: the paper's % change of D-CHAG against the baseline per metric and lead
-time, and one long table of the hyperspectral scores of every run."""
+"""Tables across runs: one run's weather scores against another's with their uncertainty (the
+paper's % change of D-CHAG against the baseline, with confidence intervals, p-values and an
+equivalence verdict), and one long table of the hyperspectral scores of every run."""
 
 from __future__ import annotations
 
@@ -8,42 +9,110 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from ..store import InputError
-from .score import COLUMNS
+from . import perinit, significance
 
-KEYS = ["variable", "lead_time_hours", "metric", "convention"]
-
-
-def _scores(path: str | Path) -> pd.DataFrame:
-    if not Path(path).exists():
-        raise InputError(f"score file not found: {path}")
-    df = pd.read_csv(path)
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise InputError(f"{path} is not a `dchag score` table: it lacks column(s) {', '.join(missing)}")
-    return df
+KEYS = ["variable", "lead_time_hours", "region", "metric", "convention"]
+LOWER_IS_BETTER = {"rmse", "mse"}
 
 
-def percent_change(
-    baseline: str | Path, candidate: str | Path, baseline_name: str = "baseline", candidate_name: str = "dchag"
+def _common(base: xr.Dataset, cand: xr.Dataset, baseline: str, candidate: str):
+    """The variables, leads (hours) and regions both files score, and the initialisation
+    times they share (evenly spaced: the methods model serial dependence)."""
+    for key in ("convention", "climax_batch_size"):
+        if base.attrs[key] != cand.attrs[key]:
+            raise InputError(
+                f"{baseline} and {candidate} differ in {key} ({base.attrs[key]} and {cand.attrs[key]}): "
+                "compare scores of one convention"
+            )
+    variables = sorted(set(base.data_vars) & set(cand.data_vars))
+    leads = sorted(set(perinit.lead_hours(base)) & set(perinit.lead_hours(cand)))
+    regions = [r for r in base[perinit.REGION].values if r in set(cand[perinit.REGION].values)]
+    inits = np.intersect1d(base[perinit.INIT].values, cand[perinit.INIT].values)
+    if not variables or not leads or not regions or inits.size < 3:
+        raise InputError(
+            f"{baseline} and {candidate} share {len(variables)} variable(s), {len(leads)} lead(s), "
+            f"{len(regions)} region(s) and {inits.size} initialisation time(s): nothing to compare "
+            "(at least 3 common initialisation times are needed)"
+        )
+    steps = np.unique(np.diff(inits))
+    if steps.size > 1:
+        raise InputError(
+            f"the initialisation times {baseline} and {candidate} share are not evenly spaced "
+            f"(steps {', '.join(str(pd.Timedelta(x)) for x in steps[:4])}): the significance tests model "
+            "the dependence between consecutive ones"
+        )
+    return variables, leads, regions, inits
+
+
+def compare_scores(
+    baseline: str | Path,
+    candidate: str | Path,
+    baseline_name: str = "baseline",
+    candidate_name: str = "dchag",
+    method: str = "t_test_ar2",
+    alpha: float = 0.05,
+    margin: float = 1.0,
+    replicates: int = 1000,
+    seed: int = 0,
 ) -> pd.DataFrame:
-    """100 * (candidate - baseline) / |baseline| for every (variable, lead, metric, convention)
-    scored in both files. For RMSE and MSE lower is better, for ACC higher."""
-    b, c = _scores(baseline), _scores(candidate)
-    merged = b.merge(c, on=KEYS, suffixes=("_b", "_c"))
-    if merged.empty:
-        raise InputError(f"{baseline} and {candidate} share no (variable, lead time, metric, convention)")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pct = 100.0 * (merged["value_c"] - merged["value_b"]) / merged["value_b"].abs()
-    out = merged[KEYS].copy()
-    out[baseline_name] = merged["value_b"]
-    out[candidate_name] = merged["value_c"]
-    out["percent_change"] = pct
-    out["better"] = np.where(
-        merged["metric"] == "acc", merged["value_c"] > merged["value_b"], merged["value_c"] < merged["value_b"]
-    )
-    return out.sort_values(["convention", "metric", "variable", "lead_time_hours"]).reset_index(drop=True)
+    """The candidate's scores against the baseline's for every (variable, lead, region, metric)
+    both per-init statistics files hold, over their common initialisation times:
+    the two scores, the difference and percent difference (100 (c - b) / |b|) with their
+    1 - alpha intervals, the difference's p-value (:mod:`dchag.evaluate.significance`), the
+    verdict (better or worse where p < alpha, else no significant difference; lower RMSE and MSE
+    and higher ACC are better) and the equivalence within +-margin percent."""
+    if method not in significance.METHODS or not 0 < alpha < 0.5:
+        raise InputError(
+            f"evaluate.significance: method {method!r} and alpha {alpha}: expected one of "
+            f"{', '.join(significance.METHODS)} and 0 < alpha < 0.5"
+        )
+    base, cand = perinit.open_statistics(baseline), perinit.open_statistics(candidate)
+    variables, leads, regions, inits = _common(base, cand, str(baseline), str(candidate))
+    chosen = [m for m in perinit.metrics(base) if m.name in cand.attrs["metrics"].split()]
+    batch, rng = perinit.batch_size(base), np.random.default_rng(seed)
+    rows = []
+    for var in variables:
+        b_da, c_da = (ds[var].sel({perinit.INIT: inits}) for ds in (base, cand))
+        for lead in leads:
+            i_b, i_c = (int(np.flatnonzero(perinit.lead_hours(ds) == lead)[0]) for ds in (base, cand))
+            for region in regions:
+                s_b, s_c = perinit.series(b_da, region, i_b), perinit.series(c_da, region, i_c)
+                for metric in chosen:
+                    est = significance.compare(metric, s_c, s_b, batch, method, replicates, rng)
+                    row = {"variable": var, "lead_time_hours": lead, "region": region, "metric": metric.name}
+                    row |= {"convention": base.attrs["convention"], baseline_name: metric(s_b, batch)}
+                    rows.append(row | {candidate_name: metric(s_c, batch), **_judged(est, metric.name, alpha, margin)})
+    out = pd.DataFrame(rows)
+    out["method"], out["n_init"] = method, inits.size
+    return out.sort_values(["convention", "metric", "variable", "lead_time_hours", "region"]).reset_index(drop=True)
+
+
+def _judged(est: dict, metric: str, alpha: float, margin: float) -> dict:
+    """The estimates' columns and verdicts."""
+    diff, pct = est["difference"], est["percent"]
+    (d_lo, d_hi), (p_lo, p_hi) = diff.interval(alpha), pct.interval(alpha)
+    p = diff.p_value()
+    if p < alpha and diff.value != 0:
+        gain = -diff.value if metric in LOWER_IS_BETTER else diff.value
+        verdict = "better" if gain > 0 else "worse"
+    else:
+        verdict = "no significant difference"
+    e_lo, e_hi = pct.interval(2 * alpha)  # two one-sided tests at level alpha
+    equivalent = bool(-margin < e_lo and e_hi < margin)
+    return {
+        "difference": diff.value,
+        "difference_lower": d_lo,
+        "difference_upper": d_hi,
+        "percent_change": pct.value,
+        "percent_lower": p_lo,
+        "percent_upper": p_hi,
+        "p_value": p,
+        "verdict": verdict,
+        "equivalence": f"within {margin:g}%" if equivalent else f"not shown within {margin:g}%",
+    }
 
 
 def hsi_table(files: list[str]) -> pd.DataFrame:

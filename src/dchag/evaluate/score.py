@@ -6,8 +6,11 @@ at its valid time (time + lead). Files in WeatherBench 2's layout (long names, p
 on a ``level`` dimension) and in dchag's own (one variable per channel, ``z500``) are read
 alike: every variable is named by its dchag channel (:mod:`dchag.evaluate.wb2`). Variables are
 matched by name; lat/latitude and lon/longitude are accepted in either order of latitude. The
-metrics are the convention's table (:data:`dchag.evaluate.weather.SCORING`). The result is a
-long table: variable, lead_time_hours, metric, value, convention.
+metrics are the convention's table (:data:`dchag.evaluate.weather.SCORING`), in each of
+WeatherBench 2's regions (:data:`dchag.evaluate.weather.REGIONS`) the grid has rows in. The
+result is the per-initialisation statistics every metric is a function of
+(:mod:`dchag.evaluate.perinit`, written as netCDF) and the scores computed from them, a long
+table: variable, lead_time_hours, region, metric, value, convention.
 
 Nothing in the files is believed before it is compared:
 
@@ -41,12 +44,12 @@ from ..era5.variables import CATALOG
 from ..errors import DchagError
 from ..grids import GridError, grid_of, lat_lon_names
 from ..store import InputError, atomic_path, open_any
-from . import wb2, weather
+from . import perinit, wb2, weather
 
 log = logging.getLogger(__name__)
 
 LEAD_NAMES = ("prediction_timedelta", "lead_time")
-COLUMNS = ["variable", "lead_time_hours", "metric", "value", "convention"]
+COLUMNS = perinit.COLUMNS
 
 
 class ScoreError(InputError):
@@ -221,7 +224,12 @@ def _climatology_at(clim: xr.DataArray, valid: pd.DatetimeIndex, path: str, var:
     return values
 
 
-def score_files(
+def score_files(forecast: str, truth: str, climatology: str | None = None, convention: str = "wb2", **options):
+    """The scores (:func:`score_statistics`'s options) as the CSV's long table."""
+    return perinit.table(score_statistics(forecast, truth, climatology, convention, **options))
+
+
+def score_statistics(
     forecast: str,
     truth: str,
     climatology: str | None = None,
@@ -231,7 +239,9 @@ def score_files(
     variables: list[str] | None = None,
     lead_hours: list[float] | None = None,
     regrid: str | None = None,
-) -> pd.DataFrame:
+) -> xr.Dataset:
+    """The per-initialisation statistics of the chosen metrics, per variable, lead and region
+    (:mod:`dchag.evaluate.perinit`)."""
     conv, chosen = _metrics(convention, metrics, climatology)
     needs_clim = any(m.needs_climatology for m in chosen)
     fds, tds, cds = _open_all(forecast, truth, climatology, regrid)
@@ -243,11 +253,13 @@ def score_files(
     _check_variables(wanted, fds, tds, cds, forecast, truth, climatology, needs_clim)
     _check_other_units(wanted, fds, tds, forecast, truth)
     leads_idx = _chosen_leads(leads, lead_hours, forecast)
-    w = conv.weights(tds.lat.values)
-    valids = _valid_times(pd.DatetimeIndex(fds.time.values), tds, leads, leads_idx, forecast, truth)
+    init = pd.DatetimeIndex(fds.time.values)
+    valids = _valid_times(init, tds, leads, leads_idx, forecast, truth)
     scored_valid = pd.DatetimeIndex(np.unique(np.concatenate([v.values for v in valids.values()])))
+    stats = [s for s in weather.STATISTICS if any(s in m.statistics for m in chosen)]
+    regions = _regions(tds.lat.values, conv.weights(tds.lat.values), truth)
 
-    rows = []
+    values = {}
     for var in wanted:
         fvar = fds[var]
         tvar = tds[var].transpose("time", "lat", "lon")
@@ -255,7 +267,8 @@ def score_files(
         if needs_clim and conv.climatology == "period_mean" and cds is None:
             # ClimaX: the time mean of the truth over the scored period.
             period_mean = _values(tvar.sel(time=scored_valid), truth, "truth", var).astype(np.float64).mean(0)
-        for i in leads_idx:
+        values[var] = np.empty((len(stats), len(regions), len(leads_idx), len(init)))
+        for j, i in enumerate(leads_idx):
             valid = valids[i]
             f = _values(
                 (fvar.isel({lead_dim: i}) if lead_dim else fvar).transpose("time", "lat", "lon"),
@@ -273,8 +286,26 @@ def score_files(
             clim = None
             if needs_clim:
                 clim = _climatology_at(cds[var], valid, climatology, var) if cds is not None else period_mean
-            rows += _metric_rows(chosen, weather.Fields(f, t, w, clim, batch_size), var, float(leads[i]), conv.name)
-    return pd.DataFrame(rows, columns=COLUMNS)
+            for k, (rows, w) in enumerate(regions.values()):
+                part = weather.statistics(
+                    f[:, rows], t[:, rows], w, None if clim is None else clim[..., rows, :], stats
+                )
+                values[var][:, k, j, :] = [part[s] for s in stats]
+    chosen_leads = [float(leads[i]) for i in leads_idx]
+    names = [m.name for m in chosen]
+    return perinit.dataset(values, stats, list(regions), chosen_leads, init, conv.name, names, batch_size)
+
+
+def _regions(lat: np.ndarray, w: np.ndarray, truth: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """WeatherBench 2's regions the grid has rows in: name -> (rows, the rows' weights)."""
+    out = {}
+    for name in weather.REGIONS:
+        rows = weather.region_rows(lat, name)
+        if rows.any():
+            out[name] = (rows, weather.region_weights(w, rows))
+        else:
+            log.info("truth %s: no grid row in region %s; it is not scored", truth, name)
+    return out
 
 
 def _metrics(convention: str, metrics: list[str] | None, climatology: str | None) -> tuple:
@@ -317,26 +348,6 @@ def _valid_times(init: pd.DatetimeIndex, tds: xr.Dataset, leads, leads_idx, fore
             )
         valids[i] = valid
     return valids
-
-
-def _metric_rows(chosen, fields: weather.Fields, var: str, lead: float, convention: str) -> list[dict]:
-    """One row per chosen metric of one variable at one lead; an undefined ACC is NaN, with a warning."""
-    rows = []
-    for metric in chosen:
-        value = metric(fields)
-        if np.isnan(value):  # only an ACC can be: the inputs are finite
-            log.warning(
-                "%s of %r at lead %g h is undefined and written as NaN (as WeatherBench 2 gives it): the "
-                "forecast's or the truth's anomaly has no variance (a constant field, or a forecast equal to "
-                "the climatology)",
-                metric.name.upper(),
-                var,
-                lead,
-            )
-        rows.append(
-            {"variable": var, "lead_time_hours": lead, "metric": metric.name, "value": value, "convention": convention}
-        )
-    return rows
 
 
 def _open_all(forecast: str, truth: str, climatology: str | None, regrid: str | None):

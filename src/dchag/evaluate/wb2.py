@@ -71,7 +71,7 @@ def units(variable: str) -> str | None:
 
 
 def to_wb2(fields: dict[str, xr.DataArray]) -> xr.Dataset:
-    """dchag channels (each a DataArray with ``latitude``/``longitude`` last) as a WB2 dataset:
+    """dchag channels (each a DataArray, ``latitude``/``longitude`` last where it has them) as a WB2 dataset:
     pressure-level channels of one variable stacked on ``level`` (ascending hPa), levels a
     variable lacks NaN."""
     by_var: dict[str, list[tuple[int | None, xr.DataArray]]] = {}
@@ -90,7 +90,8 @@ def to_wb2(fields: dict[str, xr.DataArray]) -> xr.Dataset:
             da = xr.concat(
                 [d.expand_dims({LEVEL: np.asarray([lev], np.int64)}) for lev, d in parts], dim=LEVEL, join="outer"
             )
-            da = da.transpose(*[d for d in da.dims if d not in (LEVEL, LAT, LON)], LEVEL, LAT, LON)
+            rest = [d for d in da.dims if d not in (LEVEL, LAT, LON)]
+            da = da.transpose(*rest, LEVEL, *[d for d in (LAT, LON) if d in da.dims])
         attrs = dict(da.attrs)
         if units(var):
             attrs["units"] = units(var)

@@ -71,30 +71,98 @@ def lat_weights(lat: np.ndarray, name: str = "wb2") -> np.ndarray:
     return convention(name).weights(lat)
 
 
+# -- per-initialisation statistics --------------------------------------------------------------
+# Each is a mean over a region's grid cells per initialisation time, latitude-weighted with the
+# region's weights (mean 1 over its cells) unless named unweighted; fa, ta: the forecast's and
+# the truth's anomalies against the climatology. Every metric is a function of them.
+STATISTICS = {
+    "squared_error": "weighted mean of (forecast - truth)**2",
+    "anomaly_product": "weighted mean of fa * ta",
+    "forecast_anomaly_squared": "weighted mean of fa**2",
+    "truth_anomaly_squared": "weighted mean of ta**2",
+    "forecast_anomaly": "weighted mean of fa",
+    "truth_anomaly": "weighted mean of ta",
+    "forecast_anomaly_unweighted": "mean of fa",
+    "truth_anomaly_unweighted": "mean of ta",
+}
+
+
+def statistics(
+    forecast: np.ndarray, truth: np.ndarray, w: np.ndarray, clim: np.ndarray | None, names
+) -> dict[str, np.ndarray]:
+    """The per-time statistics ``names`` (of :data:`STATISTICS`) of (time, lat, lon) fields with
+    weights ``w`` (lat, 1); ``clim`` broadcasts against the fields (anomalies need it)."""
+    f = np.asarray(forecast, np.float64)
+
+    def mean(x, weighted=True):
+        return np.mean(x * w if weighted else x, axis=(-2, -1))
+
+    out = {}
+    if "squared_error" in names:
+        out["squared_error"] = mean((f - truth) ** 2)
+    if any(n != "squared_error" for n in names):
+        fa, ta = f - clim, np.asarray(truth, np.float64) - clim
+        terms = {
+            "anomaly_product": lambda: mean(fa * ta),
+            "forecast_anomaly_squared": lambda: mean(fa**2),
+            "truth_anomaly_squared": lambda: mean(ta**2),
+            "forecast_anomaly": lambda: mean(fa),
+            "truth_anomaly": lambda: mean(ta),
+            "forecast_anomaly_unweighted": lambda: mean(fa, False),
+            "truth_anomaly_unweighted": lambda: mean(ta, False),
+        }
+        out |= {n: terms[n]() for n in names if n in terms}
+    return out
+
+
+# WeatherBench 2's standard regions (its SliceRegion and ExtraTropicalRegion), by latitude
+# (degrees, bounds included): a region's mean is weighted by the grid's latitude weights over
+# its rows, normalised to mean 1 there, as WB2 weights a region's cells.
+REGIONS = {
+    "global": lambda lat: np.ones_like(lat, bool),
+    "tropics": lambda lat: (lat >= -20) & (lat <= 20),
+    "extra-tropics": lambda lat: np.abs(lat) >= 20,
+    "northern-extra-tropics": lambda lat: lat >= 20,
+    "southern-extra-tropics": lambda lat: lat <= -20,
+}
+
+
+def region_rows(lat: np.ndarray, name: str) -> np.ndarray:
+    """The rows (a boolean mask over ``lat``, degrees) of region ``name``."""
+    if name not in REGIONS:
+        raise WeatherScoreError(f"region {name!r}: expected one of {', '.join(REGIONS)}")
+    return REGIONS[name](np.asarray(lat, np.float64))
+
+
+def region_weights(w: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The latitude weights ``w`` (lat, 1) of the region's ``rows``, normalised to mean 1."""
+    part = w[rows]
+    return part / part.mean()
+
+
 def spatial_mse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray) -> np.ndarray:
     """(time,) weighted mean over lat and lon of the squared error."""
-    return np.mean((np.asarray(forecast, np.float64) - truth) ** 2 * w, axis=(-2, -1))
+    return statistics(forecast, truth, w, None, ["squared_error"])["squared_error"]
+
+
+def _score(metric: Metric, forecast, truth, w, clim=None, batch_size=None) -> float:
+    return metric(statistics(forecast, truth, w, clim, metric.statistics), batch_size)
 
 
 def mse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray) -> float:
-    return float(spatial_mse(forecast, truth, w).mean())
+    return _score(MSE(), forecast, truth, w)
 
 
 def rmse(forecast: np.ndarray, truth: np.ndarray, w: np.ndarray, name: str) -> float:
     """The RMSE of convention ``name`` (:data:`SCORING`): WB2's root of the time-mean MSE, or
     ClimaX's time mean of the roots."""
-    return convention(name).metrics["rmse"](Fields(forecast, truth, w))
+    return _score(convention(name).metrics["rmse"], forecast, truth, w)
 
 
 def acc_wb2(forecast: np.ndarray, truth: np.ndarray, clim: np.ndarray, w: np.ndarray) -> float:
     """Uncentred anomaly correlation per time, averaged over time; ``clim`` is the climatology at
     each valid time, (time, lat, lon)."""
-    fa = np.asarray(forecast, np.float64) - clim
-    ta = np.asarray(truth, np.float64) - clim
-    num = np.mean(w * fa * ta, axis=(-2, -1))
-    den = np.sqrt(np.mean(w * fa**2, axis=(-2, -1)) * np.mean(w * ta**2, axis=(-2, -1)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return float(np.mean(num / den))
+    return _score(ACC(), forecast, truth, w, clim)
 
 
 def acc_climax(
@@ -102,52 +170,49 @@ def acc_climax(
 ) -> float:
     """ClimaX's pooled ACC: per batch, anomalies centred by the batch's own mean, one weighted
     correlation; batches averaged by size. ``clim`` broadcasts against (time, lat, lon)."""
-    fa = np.asarray(forecast, np.float64) - clim
-    ta = np.asarray(truth, np.float64) - clim
-    n = fa.shape[0]
-    size = n if not batch_size else int(batch_size)
-    values, counts = [], []
-    for start in range(0, n, size):
-        f = fa[start : start + size]
-        t = ta[start : start + size]
-        f, t = f - f.mean(), t - t.mean()
-        with np.errstate(invalid="ignore", divide="ignore"):  # no variance: NaN, as acc_wb2
-            values.append(np.sum(w * f * t) / np.sqrt(np.sum(w * f**2) * np.sum(w * t**2)))
-        counts.append(f.shape[0])
-    return float(np.average(values, weights=counts))
+    return _score(PooledACC(), forecast, truth, w, clim, batch_size)
 
 
 # -- the metrics as objects, and the conventions as tables of them --------------------------------
-@dataclass(frozen=True)
-class Fields:
-    """What a metric scores: one variable at one lead, (time, lat, lon) in physical units, the
-    latitude weights, and the climatology (at each valid time, or one field for every time)
-    where the metric needs one."""
-
-    forecast: np.ndarray
-    truth: np.ndarray
-    weights: np.ndarray
-    climatology: np.ndarray | None = None
-    batch_size: int | None = None
-
-
 class Metric:
-    """A score of :class:`Fields`; ``needs_climatology`` says whether it reads one."""
+    """A score as a function of the per-time statistics: per time the values :meth:`units`
+    (n, k) makes of them, and :meth:`of_means` of their means over a pool of times. A metric
+    that is ``batched`` (ClimaX's) pools consecutive ``batch_size`` times and averages the
+    pools' values weighted by size; the others pool every time. ``of_means`` takes complex
+    input (its derivatives are taken by complex step in :mod:`dchag.evaluate.significance`)."""
 
     name = ""
     needs_climatology = False
+    batched = False
+    statistics: tuple[str, ...] = ("squared_error",)
 
-    def __call__(self, f: Fields) -> float:
-        raise NotImplementedError
+    def units(self, s: dict[str, np.ndarray]) -> np.ndarray:
+        return np.stack([np.asarray(s[n], np.float64) for n in self.statistics], axis=-1)
+
+    def of_means(self, m: np.ndarray):
+        return m[..., 0]
+
+    def pools(self, n: int, batch_size: int | None) -> list[slice]:
+        size = int(batch_size) if self.batched and batch_size else n
+        return [slice(start, start + size) for start in range(0, n, size)]
+
+    def of_units(self, u: np.ndarray, batch_size: int | None = None):
+        """The metric of per-time values ``u`` (..., time, k): each pool's :meth:`of_means`,
+        averaged weighted by the pools' sizes."""
+        n = u.shape[-2]
+        with np.errstate(invalid="ignore"):
+            return sum(
+                self.of_means(u[..., p, :].mean(axis=-2)) * len(range(n)[p]) / n for p in self.pools(n, batch_size)
+            )
+
+    def __call__(self, s: dict[str, np.ndarray], batch_size: int | None = None) -> float:
+        return float(self.of_units(self.units(s), batch_size))
 
 
 class MSE(Metric):
     """The mean over times of the weighted spatial MSE (WB2's ``MSE``)."""
 
     name = "mse"
-
-    def __call__(self, f: Fields) -> float:
-        return mse(f.forecast, f.truth, f.weights)
 
 
 class RMSE(Metric):
@@ -156,8 +221,8 @@ class RMSE(Metric):
 
     name = "rmse"
 
-    def __call__(self, f: Fields) -> float:
-        return float(np.sqrt(spatial_mse(f.forecast, f.truth, f.weights).mean()))
+    def of_means(self, m):
+        return np.sqrt(m[..., 0])
 
 
 class RMSESqrtBeforeTimeAvg(Metric):
@@ -165,29 +230,47 @@ class RMSESqrtBeforeTimeAvg(Metric):
 
     name = "rmse"
 
-    def __call__(self, f: Fields) -> float:
-        return float(np.sqrt(spatial_mse(f.forecast, f.truth, f.weights)).mean())
+    def units(self, s):
+        return np.sqrt(super().units(s))
 
 
 class ACC(Metric):
     """WB2's ``ACC``: uncentred anomaly correlation per time against the climatology at each
-    valid time, averaged over time."""
+    valid time, averaged over time (NaN where an anomaly has no variance)."""
 
     name = "acc"
     needs_climatology = True
+    statistics = ("anomaly_product", "forecast_anomaly_squared", "truth_anomaly_squared")
 
-    def __call__(self, f: Fields) -> float:
-        return acc_wb2(f.forecast, f.truth, f.climatology, f.weights)
+    def units(self, s):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            acc = s["anomaly_product"] / np.sqrt(s["forecast_anomaly_squared"] * s["truth_anomaly_squared"])
+        return np.asarray(acc, np.float64)[:, None]
 
 
 class PooledACC(Metric):
-    """ClimaX's ``lat_weighted_acc``: batch-centred anomalies pooled per batch."""
+    """ClimaX's ``lat_weighted_acc``: per batch, the anomalies centred by their unweighted mean
+    over the batch's times and cells, one weighted correlation; as means per time,
+    sum w (fa - mf)(ta - mt) / cells = fa_ta - mt fa_w - mf ta_w + mf mt (the weights' mean
+    is 1), and alike for the norms."""
 
     name = "acc"
     needs_climatology = True
+    batched = True
+    statistics = (
+        "anomaly_product",
+        "forecast_anomaly",
+        "truth_anomaly",
+        "forecast_anomaly_unweighted",
+        "truth_anomaly_unweighted",
+        "forecast_anomaly_squared",
+        "truth_anomaly_squared",
+    )
 
-    def __call__(self, f: Fields) -> float:
-        return acc_climax(f.forecast, f.truth, f.climatology, f.weights, f.batch_size)
+    def of_means(self, m):
+        ft, fw, tw, mf, mt, ff, tt = (m[..., i] for i in range(7))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (ft - mt * fw - mf * tw + mf * mt) / np.sqrt((ff - 2 * mf * fw + mf**2) * (tt - 2 * mt * tw + mt**2))
 
 
 @dataclass(frozen=True)

@@ -81,14 +81,17 @@ def _training_losses(ax, logs: dict[str, str], title: str) -> list[str]:
 
 def _comparison_rows(comparisons: list[str]) -> list[dict]:
     """The %change rows of every comparison table (candidate vs baseline): RMSE and ACC by
-    variable and lead time in days."""
+    variable and lead time in days, global, with the table's other columns (the two runs'
+    scores, the intervals, the p-value and the verdicts)."""
     rows = []
     for path in comparisons:
         df = read_csv(path, "comparison table")
-        cand = [
-            c for c in df.columns if c not in ("variable", "lead_time_hours", "metric", "percent_change", "convention")
+        carried = [
+            c
+            for c in df.columns
+            if c not in ("variable", "lead_time_hours", "region", "metric", "percent_change", "convention")
         ]
-        for _, r in df[df.metric.isin(["rmse", "acc"])].iterrows():
+        for _, r in df[df.metric.isin(["rmse", "acc"]) & (df.region == "global")].iterrows():
             rows.append(
                 {
                     "comparison": Path(path).stem.removeprefix("comparison_"),
@@ -96,7 +99,7 @@ def _comparison_rows(comparisons: list[str]) -> list[dict]:
                     "lead_days": int(r["lead_time_hours"]) // 24,
                     "metric": r["metric"].upper().replace("ACC", "wACC"),
                     "percent_change": r["percent_change"],
-                    **{c: r[c] for c in cand},
+                    **{c: r[c] for c in carried},
                 }
             )
     return rows

@@ -46,6 +46,7 @@ def lead_time_scores(scores: list[str], output: str, variables: list[str] | None
     frames = []
     for path in scores:
         df = read_csv(path, "score file")
+        df = df[df["region"] == "global"] if "region" in df.columns else df  # the figure is global
         stem = Path(path).stem.removeprefix("scores_")
         conv = str(df["convention"].iloc[0]) if len(df) else ""
         df["source"] = stem.removesuffix(f"_{conv}") if conv else stem

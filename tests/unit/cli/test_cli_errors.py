@@ -127,9 +127,9 @@ def _cases(tmp):
         ],
         "compare-scores": [
             "--baseline",
-            f"{MISSING}/a.csv",
+            f"{MISSING}/a.nc",
             "--candidate",
-            f"{MISSING}/b.csv",
+            f"{MISSING}/b.nc",
             "--output",
             str(tmp / "c.csv"),
         ],

@@ -12,13 +12,14 @@ import pandas as pd
 import pytest
 import torch
 import xarray as xr
+from pandas.testing import assert_frame_equal
 from support import parallel_checks
 from support.distributed import run_distributed
 from support.era5 import LAT, LON, synthetic_truth
 
 from dchag.cli import main
-from dchag.evaluate import classification, recon, weather
-from dchag.evaluate.score import ScoreError, score_files
+from dchag.evaluate import classification, perinit, recon, weather
+from dchag.evaluate.score import ScoreError, score_files, score_statistics
 
 
 # -- weather metrics, by hand ---------------------------------------------------------------
@@ -168,19 +169,30 @@ def files(tmp_path):
     return tmp_path, truth, fc, init, leads, clim
 
 
-def _reference(truth, fc, init, leads, clim, convention):
-    """The definitions, written out with explicit loops (independent of dchag.evaluate.weather)."""
-    w = np.cos(np.deg2rad(LAT))
+REGION_ROWS = {  # WeatherBench 2's regions, by latitude (bounds included)
+    "global": np.ones(LAT.size, bool),
+    "tropics": np.abs(LAT) <= 20,
+    "extra-tropics": np.abs(LAT) >= 20,
+    "northern-extra-tropics": LAT >= 20,
+    "southern-extra-tropics": LAT <= -20,
+}
+
+
+def _reference(truth, fc, init, leads, clim, convention, region="global"):
+    """The definitions, written out with explicit loops (independent of dchag.evaluate.weather);
+    a region's cells weighted by cos(latitude) normalised over its rows."""
+    rows = REGION_ROWS[region]
+    w = np.cos(np.deg2rad(LAT[rows]))
     w = w / w.mean()
     out = {}
     for j, h in enumerate(leads):
         mses, accs = [], []
         valid = init + pd.Timedelta(hours=int(h))
         for i, v in enumerate(valid):
-            f = fc[i, j]
-            t = truth.t2m.sel(time=v).values
+            f = fc[i, j][rows]
+            t = truth.t2m.sel(time=v).values[rows]
             mses.append(np.mean(w[:, None] * (f - t) ** 2))
-            c = clim[v.day_of_year - 1]
+            c = clim[v.day_of_year - 1][rows]
             fa, ta = f - c, t - c
             accs.append(
                 np.mean(w[:, None] * fa * ta) / np.sqrt(np.mean(w[:, None] * fa**2) * np.mean(w[:, None] * ta**2))
@@ -194,19 +206,20 @@ def _reference(truth, fc, init, leads, clim, convention):
 def test_score_files_wb2_matches_the_definition(files):
     root, truth, fc, init, leads, clim = files
     df = score_files(str(root / "forecast.nc"), str(root / "truth.nc"), str(root / "clim.zarr"), "wb2")
-    ref = _reference(truth, fc, init, leads, clim, "wb2")
-    assert set(df.columns) == {"variable", "lead_time_hours", "metric", "value", "convention"}
+    ref = {r: _reference(truth, fc, init, leads, clim, "wb2", r) for r in REGION_ROWS}
+    assert list(df.columns) == ["variable", "lead_time_hours", "region", "metric", "value", "convention"]
     assert (df.convention == "wb2").all() and set(df.variable) == {"t2m"}
+    assert set(df.region) == set(REGION_ROWS) and len(df) == 2 * 3 * len(REGION_ROWS)
     for _, row in df.iterrows():
-        assert row.value == pytest.approx(ref[(int(row.lead_time_hours), row.metric)], rel=1e-9)
+        assert row.value == pytest.approx(ref[row.region][(int(row.lead_time_hours), row.metric)], rel=1e-9)
     # Error grows with lead: RMSE at 72 h above 24 h.
-    r = df[df.metric == "rmse"].set_index("lead_time_hours").value
+    r = df[(df.metric == "rmse") & (df.region == "global")].set_index("lead_time_hours").value
     assert r[72.0] > r[24.0]
 
 
 def test_score_cli_climax_differs_from_wb2_and_depends_on_batch_size(files, tmp_path):
     root, truth, fc, init, leads, clim = files
-    out = {}
+    out, stats = {}, {}
     for conv, extra in (
         ("wb2", ["--climatology", str(root / "clim.zarr")]),
         ("climax", []),
@@ -230,7 +243,12 @@ def test_score_cli_climax_differs_from_wb2_and_depends_on_batch_size(files, tmp_
             )
             == 0
         )
-        out[conv] = pd.read_csv(path).set_index(["lead_time_hours", "metric"]).value
+        df = pd.read_csv(path)
+        out[conv] = df[df.region == "global"].set_index(["lead_time_hours", "metric"]).value
+        stats[conv] = perinit.open_statistics(path.with_suffix(".nc"))
+        assert_frame_equal(
+            perinit.table(stats[conv]), df, check_exact=False, check_dtype=False, rtol=1e-9
+        )  # the CSV from the file
     assert out["climax"][(24, "mse")] == pytest.approx(out["wb2"][(24, "mse")])
     assert out["climax"][(24, "rmse")] < out["wb2"][(24, "rmse")]  # mean of roots <= root of mean
     # ClimaX ACC: anomalies against the scored period's time mean, batch-centred and pooled.
@@ -244,6 +262,33 @@ def test_score_cli_climax_differs_from_wb2_and_depends_on_batch_size(files, tmp_
     assert out["climax"][(24, "acc")] == pytest.approx(expected, rel=1e-9)
     assert out["climax5"][(24, "acc")] != pytest.approx(out["climax"][(24, "acc")], rel=1e-6)
     assert abs(out["climax"][(24, "acc")] - out["wb2"][(24, "acc")]) > 1e-3
+    _recompute_from_the_statistics(stats, out, init)
+
+
+def _recompute_from_the_statistics(stats, out, init):
+    """RMSE and ACC recomputed by hand from the per-init netCDF equal the CSV's."""
+    s = {c: ds.t2m.sel(region="global", lead_time=pd.Timedelta(hours=24)) for c, ds in stats.items()}
+    for conv in stats:
+        assert s[conv].dims == ("statistic", "init_time") and (s[conv].init_time.values == init.values).all()
+    se = s["wb2"].sel(statistic="squared_error").values
+    assert out["wb2"][(24, "rmse")] == pytest.approx(np.sqrt(se.mean()), rel=1e-9)
+    assert out["climax"][(24, "rmse")] == pytest.approx(np.sqrt(se).mean(), rel=1e-9)
+    ap, ff, tt = (
+        s["wb2"].sel(statistic=k).values
+        for k in ("anomaly_product", "forecast_anomaly_squared", "truth_anomaly_squared")
+    )
+    assert out["wb2"][(24, "acc")] == pytest.approx(np.mean(ap / np.sqrt(ff * tt)), rel=1e-9)
+    for conv, size in (("climax", 30), ("climax5", 5)):
+        x = {k: s[conv].sel(statistic=k).values for k in s[conv].statistic.values}
+        accs = []
+        for b in range(0, 30, size):
+            m = {k: v[b : b + size].mean() for k, v in x.items()}
+            mf, mt = m["forecast_anomaly_unweighted"], m["truth_anomaly_unweighted"]
+            num = m["anomaly_product"] - mt * m["forecast_anomaly"] - mf * m["truth_anomaly"] + mf * mt
+            vf = m["forecast_anomaly_squared"] - 2 * mf * m["forecast_anomaly"] + mf**2
+            vt = m["truth_anomaly_squared"] - 2 * mt * m["truth_anomaly"] + mt**2
+            accs.append(num / np.sqrt(vf * vt))
+        assert out[conv][(24, "acc")] == pytest.approx(np.mean(accs), rel=1e-9)
 
 
 def test_score_errors_name_what_is_wrong(files, tmp_path, capsys):
@@ -559,8 +604,15 @@ def test_weatherbench2s_evaluation_on_the_pipelines_files_gives_dchags_scores(pi
     root = pipeline_files
     paths = [str(root / f) for f in ("forecast.zarr", "truth.zarr", "climatology.zarr")]
     ref = _wb2_evaluate_by_init(*paths)
+    stats = {conv: score_statistics(paths[0], paths[1], paths[2], conv) for conv in ("wb2", "climax")}
+    # WB2's layout with levels (z500 and t850 only: geopotential at 850 hPa is not there) round trip
+    assert stats["wb2"].geopotential.dims == ("statistic", "region", "lead_time", "init_time", "level")
+    written = perinit.open_statistics(perinit.write(stats["wb2"], root / "stats.nc"))
+    assert sorted(written.data_vars) == ["t2m", "t850", "u10", "z500"]
+    assert_frame_equal(perinit.table(written), perinit.table(stats["wb2"]))
     got = (
-        pd.concat([score_files(paths[0], paths[1], paths[2], conv) for conv in ("wb2", "climax")], ignore_index=True)
+        pd.concat([perinit.table(stats[conv]) for conv in ("wb2", "climax")], ignore_index=True)
+        .query("region == 'global'")
         .set_index(["variable", "lead_time_hours", "metric", "convention"])
         .value
     )

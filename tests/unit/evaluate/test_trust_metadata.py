@@ -20,7 +20,7 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
     root, truth = scored
     code, _ = score_cli(capsys, root / "forecast.nc", root / "truth.nc", root / "ref.csv")
     assert code == 0
-    ref = pd.read_csv(root / "ref.csv").set_index("variable").value
+    ref = pd.read_csv(root / "ref.csv").query("region == 'global'").set_index("variable").value
     assert 0.9 < ref["t2m"] < 1.1 and 0.9 < ref["z500"] < 1.1  # the forecast's noise
     # The same truth as a WeatherBench 2 file would hold it, with geopotential height in gpm and
     # 2 m temperature in degrees Celsius: the same scores (before: RMSE 273 for t2m, thousands for z).
@@ -38,7 +38,7 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
     other.to_netcdf(root / "wb2.nc")
     code, err = score_cli(capsys, root / "forecast.nc", root / "wb2.nc", root / "wb2.csv")
     assert code == 0, err
-    got = pd.read_csv(root / "wb2.csv").set_index("variable").value
+    got = pd.read_csv(root / "wb2.csv").query("region == 'global'").set_index("variable").value
     assert got["t2m"] == pytest.approx(ref["t2m"], rel=1e-9) and got["z500"] == pytest.approx(ref["z500"], rel=1e-9)
     # Units that do not convert, or that no one can read: one line naming file, variable and unit.
     for bad in ("m s**-1", "furlongs"):
@@ -61,7 +61,9 @@ def test_score_converts_units_with_preprocessings_catalogue_or_refuses_them(scor
     fc.to_netcdf(root / "fc_celsius.nc")
     code, err = score_cli(capsys, root / "fc_celsius.nc", root / "truth.nc", root / "c.csv")
     assert code == 0, err
-    assert pd.read_csv(root / "c.csv").set_index("variable").value["t2m"] == pytest.approx(ref["t2m"], rel=1e-6)
+    assert pd.read_csv(root / "c.csv").query("region == 'global'").set_index("variable").value["t2m"] == pytest.approx(
+        ref["t2m"], rel=1e-6
+    )
 
 
 def test_score_refuses_a_partial_overlap_and_repeated_times(scored, capsys):
@@ -95,9 +97,9 @@ def test_an_undefined_acc_is_written_nan_and_said(scored, capsys, caplog):
     assert code == 0
     assert "acc" in capsys.readouterr().out  # the printed table keeps the column
     lines = (root / "c.csv").read_text().splitlines()
-    assert "t2m,24,acc,NaN,climax" in lines and "t2m,24,rmse,1,climax" in lines  # not an empty cell
+    assert "t2m,24,global,acc,NaN,climax" in lines and "t2m,24,global,rmse,1,climax" in lines  # not an empty cell
     assert "ACC of 't2m' at lead 24 h is undefined and written as NaN" in caplog.text
-    assert np.isnan(pd.read_csv(root / "c.csv").set_index("metric").value["acc"])
+    assert np.isnan(pd.read_csv(root / "c.csv").query("region == 'global'").set_index("metric").value["acc"])
 
 
 @pytest.mark.parametrize("damage", ["chunk", "zarr.json"])
