@@ -92,8 +92,7 @@ rule baseline_forecast:
 
 
 rule score:
-    """Latitude-weighted RMSE, MSE and ACC of one forecast per region, under one convention (wb2
-    or climax), and the per-initialisation statistics they are computed from."""
+    """Latitude-weighted RMSE, MSE and ACC of a forecast per region and their per-init statistics."""
     input:
         forecast=f"{EVAL_DIR}/era5/forecast_{{source}}.zarr",
         truth=f"{EVAL_DIR}/era5/truth.zarr",
@@ -124,8 +123,7 @@ rule score:
 
 
 rule compare_scores:
-    """D-CHAG's scores against its baseline's, per variable, lead time, region and metric, with
-    confidence intervals, p-values and verdicts (evaluate.significance)."""
+    """A run's scores against its baseline's with intervals, p-values and verdicts."""
     input:
         baseline=compared_baseline,
         candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.nc",
@@ -155,9 +153,9 @@ rule compare_scores:
         seed=EVAL["significance"]["seed"],
     shell:
         "{params.dchag} compare-scores --baseline {input.baseline:q} --candidate {input.candidate:q} "
-        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --method {params.method} "
-        "--alpha {params.alpha} --equivalence-margin {params.margin} --replicates {params.replicates} "
-        "--seed {params.seed} --output {output:q} > {log:q} 2>&1"
+        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --method {params.method:q} "
+        "--alpha {params.alpha:q} --equivalence-margin {params.margin:q} --replicates {params.replicates:q} "
+        "--seed {params.seed:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule evaluate_mae:

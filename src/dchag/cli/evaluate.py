@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..config import schema_default, schema_enum
 from ..evaluate.weather import METRICS, SCORING
 from ..plan import BASELINE_FORECASTS
-from .common import nonneg_float, positive_float, positive_int
+from .common import nonneg_float, nonneg_int, positive_float, positive_int
 
 
 def cmd_era5_truth(args) -> None:
@@ -170,7 +170,7 @@ def _score_commands(add) -> None:
         default=schema_default(f"{sig}.bootstrap_replicates"),
         help=f"{sig}.bootstrap_replicates",
     )
-    sp.add_argument("--seed", type=int, default=schema_default(f"{sig}.seed"), help=f"{sig}.seed")
+    sp.add_argument("--seed", type=nonneg_int, default=schema_default(f"{sig}.seed"), help=f"{sig}.seed")
     sp.add_argument("--output", required=True, help="CSV: per variable, lead, region and metric")
 
 
