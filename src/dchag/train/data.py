@@ -329,11 +329,14 @@ class ResumableSampler(Sampler[int]):
         order = (
             np.random.default_rng([self.seed, epoch]).permutation(self.size) if self.shuffle else np.arange(self.size)
         )
-        count = max(0, self.per_rank * self.dp_size - offset) // self.dp_size
-        return order[offset + self.dp_rank :: self.dp_size][:count].tolist()
+        return order[offset + self.dp_rank :: self.dp_size][: self._count(offset)].tolist()
+
+    def _count(self, offset: int) -> int:
+        """Each rank's samples from the epoch's sample ``offset`` on (as many on every rank)."""
+        return max(0, self.per_rank * self.dp_size - offset) // self.dp_size
 
     def __iter__(self):
         return iter(self.indices(self.epoch, self.offset))
 
     def __len__(self) -> int:
-        return max(0, self.per_rank * self.dp_size - self.offset) // self.dp_size
+        return self._count(self.offset)

@@ -235,7 +235,7 @@ class ForecastTask(Task):
     def dataset(self, split, rank_channels, seed, cache=True):
         lead = tuple(self.cfg.train.forecast.lead_hours)
         return ForecastDataset(
-            self.stores[split], self.channels, rank_channels, self.outputs, lead, seed, self.cache_bytes * cache
+            self.stores[split], self.channels, rank_channels, self.outputs, lead, seed, self.cache_bytes if cache else 0
         )
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
@@ -319,7 +319,12 @@ class _HsiTask(Task):
 
     def dataset(self, split, rank_channels, seed, cache=True):
         return SampleDataset(
-            self.stores[split], split, self.var, rank_channels, self.model_cfg.in_channels, self.cache_bytes * cache
+            self.stores[split],
+            split,
+            self.var,
+            rank_channels,
+            self.model_cfg.in_channels,
+            self.cache_bytes if cache else 0,
         )
 
 

@@ -97,10 +97,10 @@ def save(tensors: dict[str, torch.Tensor], directory: str | Path, files: dict[st
     return directory
 
 
-def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path, optional=lambda key: False) -> None:
+def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path, optional=lambda key: False) -> dict:
     """Raise CheckpointError listing keys missing from the checkpoint, unexpected in it, or of
     another shape or dtype, before anything is loaded; ``optional`` keys may be missing or
-    unexpected."""
+    unexpected. Returns the checkpoint's tensors' metadata (:func:`saved_tensors`)."""
     saved = saved_tensors(directory)
     wanted = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items() if not (optional(k) and k not in saved)}
     everyone = set(wanted)  # D-CHAG ranks hold different keys: "unexpected" is against all of them
@@ -122,6 +122,7 @@ def check_compatible(tensors: dict[str, torch.Tensor], directory: str | Path, op
         if shapes:
             parts.append("other shape or dtype: " + ", ".join(_difference(k, saved[k], wanted[k]) for k in shapes[:12]))
         raise CheckpointError(f"checkpoint {directory} was made for another model or layout; " + "; ".join(parts))
+    return saved
 
 
 def _difference(key: str, saved: tuple, wanted: tuple) -> str:
@@ -136,8 +137,7 @@ def load(tensors: dict[str, torch.Tensor], directory: str | Path, optional=lambd
     checksums, its metadata with the tensors, then the data. The ``optional`` keys the
     checkpoint lacks are left out of ``tensors`` and returned."""
     verify(directory)
-    check_compatible(tensors, directory, optional)
-    saved = saved_tensors(directory)
+    saved = check_compatible(tensors, directory, optional)
     absent = sorted(k for k in tensors if optional(k) and k not in saved)
     for k in absent:
         del tensors[k]
