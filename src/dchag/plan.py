@@ -102,21 +102,29 @@ def forecast_runs(s: Settings) -> list[str]:
     return runs
 
 
-def comparisons(s: Settings) -> dict[str, str]:
-    """Candidate forecast run -> baseline run, for the % change tables: evaluate.compare, or
-    every forecast run against the one run whose parallel.strategy is baseline."""
+def comparisons(s: Settings) -> list[tuple[str, str]]:
+    """(candidate forecast run, baseline) pairs for the comparison tables and the scorecard:
+    evaluate.compare (a baseline is a forecast run or a reference forecast, persistence or
+    climatology), or every forecast run against the one run whose parallel.strategy is baseline."""
     runs = forecast_runs(s)
     if s.evaluate.compare:
-        unknown = sorted({r for pair in s.evaluate.compare.items() for r in pair} - set(runs))
-        if unknown:
-            raise ConfigError(
-                f"config key 'evaluate.compare': {unknown} are not forecast runs ({', '.join(runs) or 'none'})"
-            )
-        return dict(s.evaluate.compare)
+        pairs = [
+            (cand, base)
+            for cand, bases in s.evaluate.compare.items()
+            for base in ([bases] if isinstance(bases, str) else bases)
+        ]
+        for cand, base in pairs:
+            if cand not in runs or base not in [*runs, *BASELINE_FORECASTS] or cand == base:
+                raise ConfigError(
+                    f"config key 'evaluate.compare.{cand}': {cand!r} against {base!r}: the candidate must be a "
+                    f"forecast run ({', '.join(runs) or 'none'}) and the baseline another one or "
+                    f"{' or '.join(BASELINE_FORECASTS)}"
+                )
+        return list(dict.fromkeys(pairs))
     baselines = [r for r in runs if run_settings(s.raw, r).parallel.strategy == Strategy.BASELINE]
     if len(baselines) != 1:
-        return {}
-    return {r: baselines[0] for r in runs if r != baselines[0]}
+        return []
+    return [(r, baselines[0]) for r in runs if r != baselines[0]]
 
 
 def paper_accuracy(s: Settings) -> dict[str, dict[str, str]]:
@@ -143,7 +151,7 @@ def paper_accuracy(s: Settings) -> dict[str, dict[str, str]]:
     if forecast:
         pairs = comparisons(s)
         for variant, run in forecast.items():
-            if variant != "baseline" and pairs.get(run) != forecast["baseline"]:
+            if variant != "baseline" and (run, forecast["baseline"]) not in pairs:
                 raise ConfigError(
                     f"config key 'paper.accuracy.forecast.{variant}': run {run!r} is not compared with "
                     f"{forecast['baseline']!r}; set evaluate.compare: {{{run}: {forecast['baseline']}}}"
@@ -410,8 +418,8 @@ class Plan:
                 for conv in conventions
             ]
             out += [
-                f"{self.eval_dir}/era5/comparison_{cand}_{conv}.csv"
-                for cand in self.comparisons
+                f"{self.eval_dir}/era5/comparison_{cand}_vs_{base}_{conv}.csv"
+                for cand, base in self.comparisons
                 for conv in conventions
             ]
         if self.mae_runs or self.classification_runs:
@@ -424,6 +432,8 @@ class Plan:
             figs.append("loss_curves")
         if self.forecast_runs:
             figs += [f"lead_time_{conv}" for conv in self.evaluate.conventions] + ["forecast_maps"]
+        if self.comparisons:
+            figs += [f"scorecard_{conv}" for conv in self.evaluate.conventions]
         if self.mae_runs:
             figs.append("hsi_reconstruction")
         if self.classification_runs:

@@ -46,8 +46,9 @@ DEMO_JOBS = {  # the demo's plan: 3 ERA5 years + constants, 6 training runs (3 t
     "train_summary": 1,
     "forecast": 2,
     "fig_forecast_maps": 1,
-    "compare_scores": 2,
+    "compare_scores": 4,  # forecast-dchag against forecast-baseline and persistence, under 2 conventions
     "fig_lead_time": 2,
+    "fig_scorecard": 2,
     "all": 1,
 }
 
@@ -193,6 +194,7 @@ def test_paper_sweep_measures_every_point_and_draws_its_figures(tmp_path):
 FIGURE_RULES = [
     "fig_loss_curves",
     "fig_lead_time",
+    "fig_scorecard",
     "fig_forecast_maps",
     "fig_hsi_reconstruction",
     "fig_classification",
@@ -202,6 +204,8 @@ FIGURES_PNG = [
     "loss_curves.png",
     "lead_time_wb2.png",
     "lead_time_climax.png",
+    "scorecard_wb2.png",
+    "scorecard_climax.png",
     "forecast_maps.png",
     "hsi_reconstruction.png",
     "classification.png",
@@ -299,7 +303,8 @@ def check_paper_accuracy(results: Path) -> None:
     assert png.with_suffix(".csv").read_text().startswith("# Reproduces the paper's")
     assert not (results / "paper" / "points").exists()  # no sweep in this config: no point measured
     acc = pd.read_csv(png.with_suffix(".csv"), comment="#")
-    assert set(acc.comparison) == {"forecast-dchag_wb2", "forecast-dchag_climax"} and acc.percent_change.notna().all()
+    pairs = {f"forecast-dchag vs forecast-baseline, {conv}" for conv in ("wb2", "climax")}
+    assert set(acc.comparison) == pairs and acc.percent_change.notna().all()
     assert set(acc.lead_days) == {7, 14, 30} and set(acc.metric) == {"RMSE", "wACC"}
 
 
@@ -337,7 +342,7 @@ def check_evaluation(results: Path) -> None:
     from pandas.testing import assert_frame_equal
 
     from dchag.evaluate import perinit
-    from dchag.evaluate.weather import REGIONS
+    from dchag.evaluate.weather import MASK_REGIONS, REGIONS
 
     ev = results / "eval"
     for source in (
@@ -351,7 +356,7 @@ def check_evaluation(results: Path) -> None:
         for conv in ("wb2", "climax"):
             df = pd.read_csv(ev / "era5" / f"scores_{source}_{conv}.csv")
             assert list(df.columns) == ["variable", "lead_time_hours", "region", "metric", "value", "convention"]
-            assert "global" in set(df.region) and set(df.region) <= set(REGIONS)
+            assert set(df.region) == {*REGIONS, *MASK_REGIONS}  # land and sea: the demo has a land-sea mask
             stats = perinit.open_statistics(ev / "era5" / f"scores_{source}_{conv}.nc")
             assert_frame_equal(perinit.table(stats), df, check_dtype=False, check_exact=False, rtol=1e-9)
             df = df[df.region == "global"]
@@ -362,15 +367,21 @@ def check_evaluation(results: Path) -> None:
     fc = xr.open_zarr(ev / "era5" / "forecast_forecast-dchag.zarr")  # WeatherBench 2's layout, default arguments
     assert fc.geopotential.dims == ("time", "prediction_timedelta", "level", "latitude", "longitude")
     assert 4e4 < float(fc.geopotential.sel(level=500).mean()) < 6.5e4  # physical units (m2 s-2), not normalised
-    table = pd.read_csv(ev / "era5" / "comparison_forecast-dchag_wb2.csv")
-    assert {"percent_change", "forecast-baseline", "forecast-dchag"} <= set(table.columns)
+    table = pd.read_csv(ev / "era5" / "comparison_forecast-dchag_vs_forecast-baseline_wb2.csv")
+    assert (table.baseline == "forecast-baseline").all() and (table.candidate == "forecast-dchag").all()
     assert set(table.metric) == {"rmse", "mse", "acc"} and table.percent_change.notna().all()
     assert (
         set(table.verdict) <= {"better", "worse", "no significant difference"}
         and table.p_value.dropna().between(0, 1).all()
     )
     assert (table.percent_lower <= table.percent_change).all() and (table.percent_change <= table.percent_upper).all()
-    assert set(table.region) == set(REGIONS) and (table.method == "t_test_ar2").all()
+    assert set(table.region) == {*REGIONS, *MASK_REGIONS} and (table.method == "t_test_ar2").all()
+    card = pd.read_csv(results / "figures" / "scorecard_wb2.csv", comment="#")
+    assert set(zip(card.candidate, card.baseline)) == {
+        ("forecast-dchag", "forecast-baseline"),
+        ("forecast-dchag", "persistence"),
+    }
+    assert card.significant.sum() == card.verdict.isin(["better", "worse"]).sum() > 0  # persistence is beaten
     hsi = pd.read_csv(ev / "hsi" / "scores.csv")
     classification = {"classification-baseline"} | {f"classification-dchag{s}" for s in ("", "-ft", "-probe")}
     assert set(hsi.run) == {"mae-baseline", "mae-dchag"} | classification

@@ -43,7 +43,7 @@ def test_demo_runs_and_comparisons():
         "classification-dchag-ft",
         "classification-dchag-probe",
     ]
-    assert plan.comparisons(s) == {"forecast-dchag": "forecast-baseline"}
+    assert plan.comparisons(s) == [("forecast-dchag", "forecast-baseline"), ("forecast-dchag", "persistence")]
     assert plan.foundation(s)["dchag-l"] == {
         "scratch": "classification-dchag",
         "fine_tuned": "classification-dchag-ft",
@@ -61,12 +61,17 @@ def test_comparisons_need_exactly_one_baseline_or_an_explicit_table():
     cfg = _demo()
     cfg["evaluate"]["compare"] = {}
     cfg["train"]["runs"]["forecast-tp"] = {"task": "forecast", "parallel": {"strategy": "baseline"}}
-    assert plan.comparisons(settings(cfg)) == {}  # several baselines: ambiguous, no table
-    cfg["evaluate"]["compare"] = {"forecast-dchag": "forecast-tp"}
-    assert plan.comparisons(settings(cfg)) == {"forecast-dchag": "forecast-tp"}
-    cfg["evaluate"]["compare"] = {"forecast-dchag": "nope"}
-    with pytest.raises(ConfigError, match=r"evaluate.compare.*\['nope'\]"):
-        plan.comparisons(settings(cfg))
+    assert plan.comparisons(settings(cfg)) == []  # several baselines: ambiguous, no table
+    cfg["evaluate"]["compare"] = {"forecast-dchag": "forecast-tp", "forecast-tp": ["climatology", "forecast-baseline"]}
+    assert plan.comparisons(settings(cfg)) == [
+        ("forecast-dchag", "forecast-tp"),
+        ("forecast-tp", "climatology"),
+        ("forecast-tp", "forecast-baseline"),
+    ]
+    for bad in ({"forecast-dchag": "nope"}, {"persistence": "forecast-dchag"}, {"forecast-tp": ["forecast-tp"]}):
+        cfg["evaluate"]["compare"] = bad
+        with pytest.raises(ConfigError, match=r"evaluate.compare.* against "):
+            plan.comparisons(settings(cfg))
 
 
 def test_a_run_named_like_a_reference_forecast_is_refused():

@@ -218,12 +218,15 @@ def scored_sources():
     return [*P.forecast_runs, *BASELINE_FORECASTS]
 
 
-def compared_baseline(wildcards):
-    return f"{EVAL_DIR}/era5/scores_{P.comparisons[wildcards.candidate]}_{wildcards.convention}.nc"
+def compared_sources():
+    return sorted({run for pair in P.comparisons for run in pair})
 
 
-def comparison_baseline_name(wildcards):
-    return P.comparisons[wildcards.candidate]
+def scorecard_comparisons(wildcards):
+    return [
+        f"{EVAL_DIR}/era5/comparison_{cand}_vs_{base}_{wildcards.convention}.csv"
+        for cand, base in P.comparisons
+    ]
 
 
 def lead_time_scores(wildcards):
@@ -339,7 +342,7 @@ def paper_accuracy_inputs(wildcards):
     }
     forecast = P.paper_accuracy.get("forecast", {})
     out["comparisons"] = [
-        f"{EVAL_DIR}/era5/comparison_{run}_{conv}.csv"
+        f"{EVAL_DIR}/era5/comparison_{run}_vs_{forecast['baseline']}_{conv}.csv"
         for variant, run in forecast.items()
         if variant != "baseline" and "baseline" in forecast
         for conv in EVAL["conventions"]
@@ -366,4 +369,6 @@ def paper_outputs(wildcards):
     ]
     if P.paper_accuracy:
         figs.append(f"{FIGURES}/paper/accuracy.png")
+    if P.paper_accuracy.get("forecast"):  # the accuracy table's runs, with significance
+        figs += [f"{FIGURES}/scorecard_{conv}.png" for conv in EVAL["conventions"]]
     return figs

@@ -123,29 +123,33 @@ rule score:
 
 
 rule compare_scores:
-    """A run's scores against its baseline's with intervals, p-values and verdicts."""
+    """A run's scores against a baseline's with intervals, p-values and verdicts."""
     input:
-        baseline=compared_baseline,
+        baseline=f"{EVAL_DIR}/era5/scores_{{baseline}}_{{convention}}.nc",
         candidate=f"{EVAL_DIR}/era5/scores_{{candidate}}_{{convention}}.nc",
     output:
         report(
-            f"{EVAL_DIR}/era5/comparison_{{candidate}}_{{convention}}.csv",
+            f"{EVAL_DIR}/era5/comparison_{{candidate}}_vs_{{baseline}}_{{convention}}.csv",
             caption="../report/comparison.rst",
             category="Weather scores",
-            subcategory="D-CHAG vs baseline",
-            labels={"candidate": "{candidate}", "convention": "{convention}"},
+            subcategory="comparisons",
+            labels={
+                "candidate": "{candidate}",
+                "baseline": "{baseline}",
+                "convention": "{convention}",
+            },
         ),
     log:
-        f"{LOGS}/compare_{{candidate}}_{{convention}}.log",
+        f"{LOGS}/compare_{{candidate}}_vs_{{baseline}}_{{convention}}.log",
     wildcard_constraints:
-        candidate=one_of(P.comparisons),
+        candidate=one_of(compared_sources()),
+        baseline=one_of(compared_sources()),
         convention=one_of(schema_enum("evaluate.conventions")),
     localrule: True
     conda:
         "../../envs/train.yaml"
     params:
         dchag=DCHAG,
-        base=comparison_baseline_name,
         method=EVAL["significance"]["method"],
         alpha=EVAL["significance"]["alpha"],
         margin=EVAL["significance"]["equivalence_margin_percent"],
@@ -153,9 +157,9 @@ rule compare_scores:
         seed=EVAL["significance"]["seed"],
     shell:
         "{params.dchag} compare-scores --baseline {input.baseline:q} --candidate {input.candidate:q} "
-        "--baseline-name {params.base:q} --candidate-name {wildcards.candidate:q} --method {params.method:q} "
-        "--alpha {params.alpha:q} --equivalence-margin {params.margin:q} --replicates {params.replicates:q} "
-        "--seed {params.seed:q} --output {output:q} > {log:q} 2>&1"
+        "--baseline-name {wildcards.baseline:q} --candidate-name {wildcards.candidate:q} "
+        "--method {params.method:q} --alpha {params.alpha:q} --equivalence-margin {params.margin:q} "
+        "--replicates {params.replicates:q} --seed {params.seed:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule evaluate_mae:

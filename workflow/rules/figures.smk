@@ -50,6 +50,32 @@ rule fig_lead_time:
         "{params.dchag} figure lead-time {input:q} --output {output.png:q} > {log:q} 2>&1"
 
 
+rule fig_scorecard:
+    """Figure: the scorecard of every compared pair of runs, significant differences marked."""
+    input:
+        scorecard_comparisons,
+    output:
+        png=report(
+            f"{FIGURES}/scorecard_{{convention}}.png",
+            caption="../report/scorecard.rst",
+            category="Figures",
+            subcategory="Weather",
+        ),
+        pdf=f"{FIGURES}/scorecard_{{convention}}.pdf",
+        table=f"{FIGURES}/scorecard_{{convention}}.csv",
+    log:
+        f"{LOGS}/fig_scorecard_{{convention}}.log",
+    wildcard_constraints:
+        convention=one_of(schema_enum("evaluate.conventions")),
+    localrule: True
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+    shell:
+        "{params.dchag} figure scorecard {input:q} --output {output.png:q} > {log:q} 2>&1"
+
+
 rule fig_forecast_maps:
     """Figure: maps of a forecast, the truth and their difference."""
     input:

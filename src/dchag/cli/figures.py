@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from .common import nonneg_int
 
-KINDS = ["loss-curves", "lead-time", "forecast-maps", "hsi-reconstruction", "classification", "foundation"]
+KINDS = [
+    "loss-curves",
+    "lead-time",
+    "scorecard",
+    "forecast-maps",
+    "hsi-reconstruction",
+    "classification",
+    "foundation",
+]
 
 
 def cmd_figure(args) -> None:
@@ -18,6 +26,10 @@ def cmd_figure(args) -> None:
         figures.forecast_maps(args.inputs, args.truth, args.output, variable, args.lead_index)
     elif args.kind == "lead-time":
         figures.lead_time_scores(args.inputs, args.output, args.variables)
+    elif args.kind == "scorecard":
+        from ..figures.scorecard import scorecard
+
+        scorecard(args.inputs, args.output)
     else:
         draw = {
             "loss-curves": figures.loss_curves,
@@ -34,8 +46,8 @@ def register(add) -> None:
     sp.add_argument(
         "inputs",
         nargs="+",
-        help="log.csv files | score CSVs | forecast stores | reconstruction .npz | classification map .npz | "
-        "VARIANT:START=classification scores .json (foundation)",
+        help="log.csv files | score CSVs | comparison CSVs (dchag compare-scores) | forecast stores | "
+        "reconstruction .npz | classification map .npz | VARIANT:START=classification scores .json (foundation)",
     )
     sp.add_argument("--truth", help="forecast-maps: the truth store")
     sp.add_argument("--variables", nargs="+", help="lead-time: variables to show; forecast-maps: the variable")

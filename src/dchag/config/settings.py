@@ -119,7 +119,7 @@ class EvaluateSettings:
     inference_batch_size: int
     map_variable: str | None
     foundation: dict[str, dict[str, str]]
-    compare: dict[str, str]
+    compare: dict[str, str | list[str]]
     significance: dict
 
 

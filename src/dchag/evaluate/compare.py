@@ -59,11 +59,12 @@ def compare_scores(
     seed: int = 0,
 ) -> pd.DataFrame:
     """The candidate's scores against the baseline's for every (variable, lead, region, metric)
-    both per-init statistics files hold, over their common initialisation times:
-    the two scores, the difference and percent difference (100 (c - b) / |b|) with their
-    1 - alpha intervals, the difference's p-value (:mod:`dchag.evaluate.significance`), the
-    verdict (better or worse where p < alpha, else no significant difference; lower RMSE and MSE
-    and higher ACC are better) and the equivalence within +-margin percent."""
+    both per-init statistics files hold, over their common initialisation times: the two runs'
+    names (``baseline``, ``candidate``) and scores (``baseline_score``, ``candidate_score``),
+    the difference and percent difference (100 (c - b) / |b|) with their 1 - alpha intervals,
+    the difference's p-value (:mod:`dchag.evaluate.significance`), the verdict (better or worse
+    where p < alpha, else no significant difference; lower RMSE and MSE and higher ACC are
+    better) and the equivalence within +-margin percent."""
     if method not in significance.METHODS or not 0 < alpha < 0.5:
         raise InputError(
             f"evaluate.significance: method {method!r} and alpha {alpha}: expected one of "
@@ -83,10 +84,12 @@ def compare_scores(
                 for metric in chosen:
                     est = significance.compare(metric, s_c, s_b, batch, method, replicates, rng)
                     row = {"variable": var, "lead_time_hours": lead, "region": region, "metric": metric.name}
-                    row |= {"convention": base.attrs["convention"], baseline_name: metric(s_b, batch)}
-                    rows.append(row | {candidate_name: metric(s_c, batch), **_judged(est, metric.name, alpha, margin)})
+                    row |= {"convention": base.attrs["convention"], "baseline_score": metric(s_b, batch)}
+                    row |= {"candidate_score": metric(s_c, batch)}
+                    rows.append(row | _judged(est, metric.name, alpha, margin))
     out = pd.DataFrame(rows)
-    out["method"], out["n_init"] = method, inits.size
+    out["baseline"], out["candidate"] = baseline_name, candidate_name
+    out["method"], out["alpha"], out["n_init"] = method, alpha, inits.size
     return out.sort_values(["convention", "metric", "variable", "lead_time_hours", "region"]).reset_index(drop=True)
 
 

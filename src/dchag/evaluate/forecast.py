@@ -23,6 +23,7 @@ import xarray as xr
 from .. import provenance
 from ..store import InputError, open_store, select_channels, write_zarr
 from . import wb2
+from .weather import LAND_SEA
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,14 @@ def truth_channels(store: str, variables: list[str]) -> list[str]:
 
 
 def write_truth(store: str, variables: list[str], output: str) -> Path:
-    fields = denormalised(store, truth_channels(store, variables))
-    ds = wb2.to_wb2({v: fields[v] for v in fields.data_vars})
+    """The verifying fields of ``variables`` in physical units, in WeatherBench 2's layout, with
+    the land-sea mask (``land_sea_mask``, static) where the store has one: the land and sea
+    regions of `dchag score`."""
+    names = truth_channels(store, variables)
+    mask = LAND_SEA in _open_split(store).channel.values and LAND_SEA not in names
+    fields = denormalised(store, names + [LAND_SEA] * mask)
+    static = {LAND_SEA: fields[LAND_SEA].isel(time=0, drop=True).clip(0, 1)} if mask else {}  # float32 round trip
+    ds = wb2.to_wb2({v: fields[v] for v in names} | static)
     ds.attrs = {
         "description": f"verifying fields from {store}, physical units",
         **provenance.as_attrs(provenance.record({"store": store, "variables": variables})),

@@ -7,7 +7,8 @@ on a ``level`` dimension) and in dchag's own (one variable per channel, ``z500``
 alike: every variable is named by its dchag channel (:mod:`dchag.evaluate.wb2`). Variables are
 matched by name; lat/latitude and lon/longitude are accepted in either order of latitude. The
 metrics are the convention's table (:data:`dchag.evaluate.weather.SCORING`), in each of
-WeatherBench 2's regions (:data:`dchag.evaluate.weather.REGIONS`) the grid has rows in. The
+WeatherBench 2's regions (:data:`dchag.evaluate.weather.REGIONS`) the grid has rows in, and
+land and sea where the truth holds a land-sea mask (``lsm``, WB2's ``land_sea_mask``). The
 result is the per-initialisation statistics every metric is a function of
 (:mod:`dchag.evaluate.perinit`, written as netCDF) and the scores computed from them, a long
 table: variable, lead_time_hours, region, metric, value, convention.
@@ -257,7 +258,7 @@ def score_statistics(
     valids = _valid_times(init, tds, leads, leads_idx, forecast, truth)
     scored_valid = pd.DatetimeIndex(np.unique(np.concatenate([v.values for v in valids.values()])))
     stats = [s for s in weather.STATISTICS if any(s in m.statistics for m in chosen)]
-    regions = _regions(tds.lat.values, conv.weights(tds.lat.values), truth)
+    regions = _regions(tds, conv.weights(tds.lat.values), truth)
 
     values = {}
     for var in wanted:
@@ -286,9 +287,9 @@ def score_statistics(
             clim = None
             if needs_clim:
                 clim = _climatology_at(cds[var], valid, climatology, var) if cds is not None else period_mean
-            for k, (rows, w) in enumerate(regions.values()):
+            for k, (rows, w, cells) in enumerate(regions.values()):
                 part = weather.statistics(
-                    f[:, rows], t[:, rows], w, None if clim is None else clim[..., rows, :], stats
+                    f[:, rows], t[:, rows], w, None if clim is None else clim[..., rows, :], stats, cells
                 )
                 values[var][:, k, j, :] = [part[s] for s in stats]
     chosen_leads = [float(leads[i]) for i in leads_idx]
@@ -296,15 +297,28 @@ def score_statistics(
     return perinit.dataset(values, stats, list(regions), chosen_leads, init, conv.name, names, batch_size)
 
 
-def _regions(lat: np.ndarray, w: np.ndarray, truth: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """WeatherBench 2's regions the grid has rows in: name -> (rows, the rows' weights)."""
-    out = {}
+def _regions(tds: xr.Dataset, w: np.ndarray, truth: str) -> dict[str, tuple]:
+    """WeatherBench 2's regions the grid has cells in: name -> (rows, the rows' weights, the
+    cells' shares or None); land and sea where the truth holds a land-sea mask (``lsm``,
+    WeatherBench 2's ``land_sea_mask``: a land fraction, 0 to 1)."""
+    lat, out = tds.lat.values, {}
     for name in weather.REGIONS:
         rows = weather.region_rows(lat, name)
         if rows.any():
-            out[name] = (rows, weather.region_weights(w, rows))
+            out[name] = (rows, weather.region_weights(w, rows), None)
         else:
             log.info("truth %s: no grid row in region %s; it is not scored", truth, name)
+    if weather.LAND_SEA not in tds.data_vars:
+        return out
+    mask = tds[weather.LAND_SEA]
+    lsm = (mask.isel(time=0) if "time" in mask.dims else mask).transpose("lat", "lon").values.astype(np.float64)
+    if not (np.isfinite(lsm).all() and lsm.min() >= 0 and lsm.max() <= 1):
+        raise ScoreError(f"truth {truth}: the land-sea mask {weather.LAND_SEA!r} must be a land fraction in [0, 1]")
+    for name in weather.MASK_REGIONS:
+        if weather.MASK_REGIONS[name](lsm).sum() > 0:
+            out[name] = (np.ones_like(lat, bool), *weather.mask_weights(w, lsm, name))
+        else:
+            log.info("truth %s: no %s cell in the land-sea mask; %s is not scored", truth, name, name)
     return out
 
 

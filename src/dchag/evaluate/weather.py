@@ -88,14 +88,23 @@ STATISTICS = {
 
 
 def statistics(
-    forecast: np.ndarray, truth: np.ndarray, w: np.ndarray, clim: np.ndarray | None, names
+    forecast: np.ndarray,
+    truth: np.ndarray,
+    w: np.ndarray,
+    clim: np.ndarray | None,
+    names,
+    cells: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The per-time statistics ``names`` (of :data:`STATISTICS`) of (time, lat, lon) fields with
-    weights ``w`` (lat, 1); ``clim`` broadcasts against the fields (anomalies need it)."""
+    weights ``w`` (lat, 1), or (lat, lon) for a region of cells, whose unweighted means are then
+    weighted by its cells' share ``cells`` (lat, lon), both of mean 1; ``clim`` broadcasts
+    against the fields (anomalies need it)."""
     f = np.asarray(forecast, np.float64)
 
     def mean(x, weighted=True):
-        return np.mean(x * w if weighted else x, axis=(-2, -1))
+        if not weighted:
+            return np.mean(x if cells is None else x * cells, axis=(-2, -1))
+        return np.mean(x * w, axis=(-2, -1))
 
     out = {}
     if "squared_error" in names:
@@ -125,6 +134,21 @@ REGIONS = {
     "northern-extra-tropics": lambda lat: lat >= 20,
     "southern-extra-tropics": lambda lat: lat <= -20,
 }
+
+
+# WeatherBench 2's land region (its LandRegion: the latitude weights times the land-sea mask, a
+# land fraction, unthresholded) and the sea as its complement, where the truth has a mask.
+MASK_REGIONS = {"land": lambda lsm: lsm, "sea": lambda lsm: 1.0 - lsm}
+LAND_SEA = "lsm"  # the dchag channel of the mask
+
+
+def mask_weights(w: np.ndarray, lsm: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The (lat, lon) weights of region ``name`` of :data:`MASK_REGIONS` for latitude weights
+    ``w`` (lat, 1) and a land fraction ``lsm`` (lat, lon): the weights and the cells' shares,
+    each normalised to mean 1."""
+    share = MASK_REGIONS[name](np.asarray(lsm, np.float64))
+    weights = w * share
+    return weights / weights.mean(), share / share.mean()
 
 
 def region_rows(lat: np.ndarray, name: str) -> np.ndarray:

@@ -94,7 +94,7 @@ def _comparison_rows(comparisons: list[str]) -> list[dict]:
         for _, r in df[df.metric.isin(["rmse", "acc"]) & (df.region == "global")].iterrows():
             rows.append(
                 {
-                    "comparison": Path(path).stem.removeprefix("comparison_"),
+                    "comparison": f"{r['candidate']} vs {r['baseline']}, {r['convention']}",
                     "variable": r["variable"],
                     "lead_days": int(r["lead_time_hours"]) // 24,
                     "metric": r["metric"].upper().replace("ACC", "wACC"),

@@ -525,13 +525,14 @@ def pipeline_files(tmp_path_factory):
     return root
 
 
-def _wb2_evaluate_by_init(forecast: str, truth: str, climatology: str) -> dict:
+def _wb2_evaluate_by_init(forecast: str, truth: str, climatology: str, region: str = "global") -> dict:
     """WeatherBench 2's evaluate_in_memory on by-init forecasts (evaluation.py,
     metrics.py), as its code reads, for MSE, RMSESqrtBeforeTimeAvg and ACC: open with
     xr.open_zarr's defaults, latitude increasing, time -> init_time, prediction_timedelta ->
     lead_time, valid_time = init_time + lead_time, truth at the valid times, the climatology
     at the valid times' day of year (and hour, if it has one) and the forecast's levels,
-    spatial means weighted by get_lat_weights, then the mean over init_time. Returns
+    spatial means over ``region`` (regions.py) weighted by get_lat_weights, then the mean over
+    init_time. Returns
     {(variable, level, lead hours, metric): value}."""
 
     def increasing(ds):
@@ -547,9 +548,18 @@ def _wb2_evaluate_by_init(forecast: str, truth: str, climatology: str) -> dict:
     bounds = np.concatenate([[-np.pi / 2], (x[:-1] + x[1:]) / 2, [np.pi / 2]])
     area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
     w = xr.DataArray(area / area.mean(), dims="latitude", coords={"latitude": fc.latitude})
+    lsm = obs.land_sea_mask
+    obs = obs.drop_vars("land_sea_mask")
 
-    def spatial(ds):
-        return ds.weighted(w).mean(["latitude", "longitude"])
+    def spatial(ds):  # regions.py: SliceRegion slices the data, the others multiply the weights
+        data, weights = ds, w
+        if region == "tropics":
+            data = ds.sel(latitude=slice(-20, 20))
+        elif region == "extra-tropics":
+            weights = w * (np.abs(ds.latitude) >= 20).astype(float)
+        elif region in ("land", "sea"):  # LandRegion(land_sea_mask), LandRegion(1 - land_sea_mask)
+            weights = w * (lsm if region == "land" else 1 - lsm)
+        return data.weighted(weights).mean(["latitude", "longitude"])
 
     c = clim[list(fc.data_vars)].sel(level=fc.level) if "level" in fc.dims else clim[list(fc.data_vars)]
     sel = {"dayofyear": fc.valid_time.dt.dayofyear}
@@ -605,6 +615,13 @@ def test_weatherbench2s_evaluation_on_the_pipelines_files_gives_dchags_scores(pi
     paths = [str(root / f) for f in ("forecast.zarr", "truth.zarr", "climatology.zarr")]
     ref = _wb2_evaluate_by_init(*paths)
     stats = {conv: score_statistics(paths[0], paths[1], paths[2], conv) for conv in ("wb2", "climax")}
+    # every region, the land and sea of the truth's land-sea mask among them, as WB2 weights it
+    table = perinit.table(stats["wb2"]).set_index(["variable", "lead_time_hours", "metric", "region"]).value
+    assert set(table.index.get_level_values("region")) == {*weather.REGIONS, "land", "sea"}
+    for region in ("extra-tropics", "land", "sea"):
+        for (var, lev, lead, metric), value in _wb2_evaluate_by_init(*paths, region).items():
+            if metric != "rmse_sqrt_before_time_avg":
+                assert table[(wb2.channel_name(var, lev), lead, metric, region)] == pytest.approx(value, rel=1e-6)
     # WB2's layout with levels (z500 and t850 only: geopotential at 850 hPa is not there) round trip
     assert stats["wb2"].geopotential.dims == ("statistic", "region", "lead_time", "init_time", "level")
     written = perinit.open_statistics(perinit.write(stats["wb2"], root / "stats.nc"))

@@ -17,6 +17,7 @@ from support.era5 import LAT, LON, synthetic_truth
 from dchag.cli import main
 from dchag.evaluate import significance, weather
 from dchag.evaluate.compare import compare_scores
+from dchag.figures.scorecard import scorecard
 from dchag.store import InputError
 
 REFERENCE = Path(__file__).parents[2] / "data" / "significance" / "weatherbenchx_reference.json"
@@ -146,18 +147,48 @@ def test_compare_scores_cli_on_the_files_dchag_score_writes(tmp_path):
             "--candidate",
             str(tmp_path / f"s_{name}.nc"),
         ]
-        assert main([*args, "--equivalence-margin", "5", "--output", str(tmp_path / f"c_{name}.csv")]) == 0
+        args += ["--candidate-name", f"f-{name}", "--equivalence-margin", "5"]
+        assert main([*args, "--output", str(tmp_path / f"c_{name}.csv")]) == 0
         out[name] = pd.read_csv(tmp_path / f"c_{name}.csv").set_index(["region", "metric"])
     worse, same = out["worse"].loc[("global", "rmse")], out["same"].loc[("global", "rmse")]
     assert worse.verdict == "worse" and worse.p_value < 0.05 and worse.percent_lower > 0
-    assert worse.percent_change == pytest.approx(100 * (worse.dchag - worse.baseline) / worse.baseline)
+    change = 100 * (worse.candidate_score - worse.baseline_score) / worse.baseline_score
+    assert worse.percent_change == pytest.approx(change)
     scores = pd.read_csv(tmp_path / "s_worse.csv").set_index(["region", "metric"]).value
-    assert worse.dchag == pytest.approx(scores[("global", "rmse")], rel=1e-9)  # the score's own value
+    assert (worse.candidate, worse.baseline) == ("f-worse", "baseline")
+    assert worse.candidate_score == pytest.approx(scores[("global", "rmse")], rel=1e-9)  # the score's own value
     assert same.verdict == "no significant difference" and same.percent_lower < 0 < same.percent_upper
     assert same.equivalence == "within 5%" and worse.equivalence == "not shown within 5%"
     assert out["same"].loc[("global", "acc")].verdict in ("better", "worse", "no significant difference")
     assert set(out["same"].index.get_level_values("region")) == set(weather.REGIONS)
     assert (out["same"].method == "t_test_ar2").all() and (out["same"].n_init == 40).all()
+    # the scorecard of both pairs: its cells are the tables', signed so that positive is better
+    card_png = tmp_path / "scorecard.png"
+    assert (
+        main(
+            [
+                "figure",
+                "scorecard",
+                str(tmp_path / "c_same.csv"),
+                str(tmp_path / "c_worse.csv"),
+                "--output",
+                str(card_png),
+            ]
+        )
+        == 0
+    )
+    assert card_png.stat().st_size > 10_000 and card_png.with_suffix(".pdf").exists()
+    caption = card_png.with_suffix(".csv").read_text().splitlines()[0]
+    assert "AR(2)" in caption and "over 40 common initialisation times" in caption
+    card = pd.read_csv(card_png.with_suffix(".csv"), comment="#").set_index(["candidate", "region", "metric"])
+    assert card.loc[("f-worse", "global", "rmse")].improvement == pytest.approx(-worse.percent_change)
+    assert (
+        card.loc[("f-worse", "global", "rmse")].significant and not card.loc[("f-same", "global", "rmse")].significant
+    )
+    low, high = card.loc[("f-worse", "global", "rmse"), ["improvement_lower", "improvement_upper"]]
+    assert (low, high) == pytest.approx((-worse.percent_upper, -worse.percent_lower))
+    with pytest.raises(InputError, match=r"s_same.csv is not a table of dchag compare-scores: it lacks baseline"):
+        scorecard([str(tmp_path / "s_same.csv")], str(tmp_path / "bad.png"))
     other = tmp_path / "s_wb2.nc"
     xr.load_dataset(tmp_path / "s_base.nc").assign_attrs(convention="wb2").to_netcdf(other)
     with pytest.raises(InputError, match=r"s_base.nc and .*s_wb2.nc differ in convention \(climax and wb2\)"):

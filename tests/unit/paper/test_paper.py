@@ -201,7 +201,8 @@ def test_the_gpu_config_plans_one_slurm_job_per_point_with_its_gpus(tmp_path):
     for rule in ("fig_paper", "fig_paper_accuracy"):
         assert f"rule {rule}:" in out
     # the accuracy figure waits on the paper config's own training runs and comparisons
-    assert "comparison_forecast-dchag-c_wb2.csv" in out and "train/mae-dchag-l/log.csv" in out
+    assert "comparison_forecast-dchag-c_vs_forecast-baseline_wb2.csv" in out and "scorecard_wb2.png" in out
+    assert "train/mae-dchag-l/log.csv" in out
 
 
 def test_paper_without_a_paper_section_says_so(tmp_path):
