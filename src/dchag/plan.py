@@ -103,28 +103,31 @@ def forecast_runs(s: Settings) -> list[str]:
 
 
 def comparisons(s: Settings) -> list[tuple[str, str]]:
-    """(candidate forecast run, baseline) pairs for the comparison tables and the scorecard:
-    evaluate.compare (a baseline is a forecast run or a reference forecast, persistence or
-    climatology), or every forecast run against the one run whose parallel.strategy is baseline."""
-    runs = forecast_runs(s)
-    if s.evaluate.compare:
-        pairs = [
-            (cand, base)
-            for cand, bases in s.evaluate.compare.items()
-            for base in ([bases] if isinstance(bases, str) else bases)
-        ]
-        for cand, base in pairs:
-            if cand not in runs or base not in [*runs, *BASELINE_FORECASTS] or cand == base:
+    """(candidate, baseline) pairs of runs for the comparison tables and the scorecard: every run
+    of a task against the task's one run whose parallel.strategy is baseline, unless
+    evaluate.compare names the candidate's baselines: runs of its task or, for a forecast run,
+    a reference forecast (persistence, climatology)."""
+    tasks = {run: spec["task"] for run, spec in s.train.runs.items()}
+    by_task = {
+        task: forecast_runs(s) if task == "forecast" else runs_of(s, task) for task in dict.fromkeys(tasks.values())
+    }
+    pairs = []
+    for runs in by_task.values():
+        baselines = [r for r in runs if run_settings(s.raw, r).parallel.strategy == Strategy.BASELINE]
+        if len(baselines) == 1:
+            pairs += [(r, baselines[0]) for r in runs if r != baselines[0] and r not in s.evaluate.compare]
+    for cand, bases in s.evaluate.compare.items():
+        for base in [bases] if isinstance(bases, str) else bases:
+            task = tasks.get(cand)
+            allowed = [*by_task.get(task, [])] + [*BASELINE_FORECASTS] * (task == "forecast")
+            if cand not in by_task.get(task, []) or base not in allowed or cand == base:
                 raise ConfigError(
                     f"config key 'evaluate.compare.{cand}': {cand!r} against {base!r}: the candidate must be a "
-                    f"forecast run ({', '.join(runs) or 'none'}) and the baseline another one or "
-                    f"{' or '.join(BASELINE_FORECASTS)}"
+                    f"run of train.runs whose task has data and the baseline another run of its task "
+                    f"({', '.join(r for r in allowed if r != cand) or 'none'})"
                 )
-        return list(dict.fromkeys(pairs))
-    baselines = [r for r in runs if run_settings(s.raw, r).parallel.strategy == Strategy.BASELINE]
-    if len(baselines) != 1:
-        return []
-    return [(r, baselines[0]) for r in runs if r != baselines[0]]
+            pairs.append((cand, base))
+    return list(dict.fromkeys(pairs))
 
 
 def paper_accuracy(s: Settings) -> dict[str, dict[str, str]]:
@@ -248,6 +251,7 @@ class Plan:
         self.mae_runs = runs_of(s, "mae")
         self.classification_runs = runs_of(s, "classification")
         self.comparisons = comparisons(s)
+        self.forecast_comparisons = [pair for pair in self.comparisons if pair[0] in self.forecast_runs]
         self.foundation = foundation(s)
         self.paper = s.paper or {}
         self.paper_accuracy = paper_accuracy(s) if self.paper else {}
@@ -419,11 +423,16 @@ class Plan:
             ]
             out += [
                 f"{self.eval_dir}/era5/comparison_{cand}_vs_{base}_{conv}.csv"
-                for cand, base in self.comparisons
+                for cand, base in self.forecast_comparisons
                 for conv in conventions
             ]
         if self.mae_runs or self.classification_runs:
             out.append(f"{self.eval_dir}/hsi/scores.csv")
+            out += [
+                f"{self.eval_dir}/hsi/comparison_{cand}_vs_{base}.csv"
+                for cand, base in self.comparisons
+                if cand in [*self.mae_runs, *self.classification_runs]
+            ]
         return out
 
     def figure_names(self) -> list[str]:
@@ -432,7 +441,7 @@ class Plan:
             figs.append("loss_curves")
         if self.forecast_runs:
             figs += [f"lead_time_{conv}" for conv in self.evaluate.conventions] + ["forecast_maps"]
-        if self.comparisons:
+        if self.forecast_comparisons:
             figs += [f"scorecard_{conv}" for conv in self.evaluate.conventions]
         if self.mae_runs:
             figs.append("hsi_reconstruction")

@@ -49,6 +49,7 @@ DEMO_JOBS = {  # the demo's plan: 3 ERA5 years + constants, 6 training runs (3 t
     "compare_scores": 4,  # forecast-dchag against forecast-baseline and persistence, under 2 conventions
     "fig_lead_time": 2,
     "fig_scorecard": 2,
+    "compare_hsi": 2,  # mae-dchag and classification-dchag against their baseline runs
     "all": 1,
 }
 
@@ -386,6 +387,13 @@ def check_evaluation(results: Path) -> None:
     classification = {"classification-baseline"} | {f"classification-dchag{s}" for s in ("", "-ft", "-probe")}
     assert set(hsi.run) == {"mae-baseline", "mae-dchag"} | classification
     assert set(hsi[hsi.task == "mae"].region) == {"masked", "full"}
+    for cand, regions in (("mae-dchag", {"masked", "full"}), ("classification-dchag-ft", {"test"})):
+        base = cand.split("-")[0] + "-baseline"
+        pair = pd.read_csv(ev / "hsi" / f"comparison_{cand}_vs_{base}.csv")
+        assert set(pair.region) == regions and (pair.candidate == cand).all() and pair.p_value.between(0, 1).all()
+        scores = hsi[hsi.run == cand].set_index(["region", "metric"]).value
+        for r in pair.itertuples():  # the bootstrap's point estimates are the runs' own scores
+            assert r.candidate_score == pytest.approx(scores[(r.region, r.metric)], rel=1e-6)
     for name in FIGURES_PNG:
         png = results / "figures" / name
         assert png.stat().st_size > 10_000 and png.with_suffix(".pdf").exists(), name
@@ -635,8 +643,10 @@ def test_config_files_are_read_strictly_with_a_bounded_message(tmp_path, text, e
 
 def test_report_captions_insert_only_names_the_schema_constrains():
     """Captions are RST rendered with raw HTML allowed: they may insert only the wildcards
-    (run, source, candidate, convention, kind: constrained names) and the config's name."""
-    allowed = re.compile(r'snakemake\.wildcards\.(run|source|candidate|convention|kind)|snakemake\.config\["name"\]')
+    (run, source, candidate, baseline, convention, kind: constrained names) and the config's name."""
+    allowed = re.compile(
+        r'snakemake\.wildcards\.(run|source|candidate|baseline|convention|kind)|snakemake\.config\["name"\]'
+    )
     used = []
     for path in (REPO / "workflow" / "report").glob("*.rst"):
         for expr in re.findall(r"\{\{(.*?)\}\}|\{%(.*?)%\}", path.read_text()):

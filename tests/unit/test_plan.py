@@ -43,7 +43,12 @@ def test_demo_runs_and_comparisons():
         "classification-dchag-ft",
         "classification-dchag-probe",
     ]
-    assert plan.comparisons(s) == [("forecast-dchag", "forecast-baseline"), ("forecast-dchag", "persistence")]
+    # classification has three baseline runs here: no default pair; forecast-dchag's are the config's
+    assert plan.comparisons(s) == [
+        ("mae-dchag", "mae-baseline"),
+        ("forecast-dchag", "forecast-baseline"),
+        ("forecast-dchag", "persistence"),
+    ]
     assert plan.foundation(s)["dchag-l"] == {
         "scratch": "classification-dchag",
         "fine_tuned": "classification-dchag-ft",
@@ -61,14 +66,22 @@ def test_comparisons_need_exactly_one_baseline_or_an_explicit_table():
     cfg = _demo()
     cfg["evaluate"]["compare"] = {}
     cfg["train"]["runs"]["forecast-tp"] = {"task": "forecast", "parallel": {"strategy": "baseline"}}
-    assert plan.comparisons(settings(cfg)) == []  # several baselines: ambiguous, no table
+    hsi = [("mae-dchag", "mae-baseline"), ("classification-dchag", "classification-baseline")]
+    assert plan.comparisons(settings(cfg)) == hsi  # several forecast baselines: ambiguous, no pair
     cfg["evaluate"]["compare"] = {"forecast-dchag": "forecast-tp", "forecast-tp": ["climatology", "forecast-baseline"]}
     assert plan.comparisons(settings(cfg)) == [
+        *hsi,
         ("forecast-dchag", "forecast-tp"),
         ("forecast-tp", "climatology"),
         ("forecast-tp", "forecast-baseline"),
     ]
-    for bad in ({"forecast-dchag": "nope"}, {"persistence": "forecast-dchag"}, {"forecast-tp": ["forecast-tp"]}):
+    for bad in (
+        {"forecast-dchag": "nope"},
+        {"persistence": "forecast-dchag"},
+        {"forecast-tp": ["forecast-tp"]},
+        {"mae-dchag": "persistence"},  # a reference forecast is no baseline of another task
+        {"mae-dchag": "classification-baseline"},
+    ):
         cfg["evaluate"]["compare"] = bad
         with pytest.raises(ConfigError, match=r"evaluate.compare.* against "):
             plan.comparisons(settings(cfg))

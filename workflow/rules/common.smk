@@ -219,14 +219,26 @@ def scored_sources():
 
 
 def compared_sources():
-    return sorted({run for pair in P.comparisons for run in pair})
+    return sorted({run for pair in P.forecast_comparisons for run in pair})
 
 
 def scorecard_comparisons(wildcards):
     return [
         f"{EVAL_DIR}/era5/comparison_{cand}_vs_{base}_{wildcards.convention}.csv"
-        for cand, base in P.comparisons
+        for cand, base in P.forecast_comparisons
     ]
+
+
+def hsi_samples(role):
+    """The per-sample results of the ``role`` run of a hyperspectral comparison."""
+
+    def path(wildcards):
+        run = wildcards[role]
+        if run in P.mae_runs:
+            return f"{EVAL_DIR}/hsi/recon_{run}.npz"
+        return f"{EVAL_DIR}/hsi/classification_{run}_map.npz"
+
+    return path
 
 
 def lead_time_scores(wildcards):

@@ -241,6 +241,39 @@ rule hsi_scores:
         "{params.dchag} hsi-scores {input:q} --output {output:q} > {log:q} 2>&1"
 
 
+rule compare_hsi:
+    """A hyperspectral run's test scores against a baseline's, bootstrapped over test samples."""
+    input:
+        baseline=hsi_samples("baseline"),
+        candidate=hsi_samples("candidate"),
+    output:
+        report(
+            f"{EVAL_DIR}/hsi/comparison_{{candidate}}_vs_{{baseline}}.csv",
+            caption="../report/hsi_comparison.rst",
+            category="Hyperspectral scores",
+            labels={"run": "{candidate} vs {baseline}", "table": "comparison"},
+        ),
+    log:
+        f"{LOGS}/compare_{{candidate}}_vs_{{baseline}}.log",
+    wildcard_constraints:
+        candidate=one_of(P.mae_runs + P.classification_runs),
+        baseline=one_of(P.mae_runs + P.classification_runs),
+    localrule: True
+    conda:
+        "../../envs/train.yaml"
+    params:
+        dchag=DCHAG,
+        alpha=EVAL["significance"]["alpha"],
+        margin=EVAL["significance"]["equivalence_margin_percent"],
+        replicates=EVAL["significance"]["bootstrap_replicates"],
+        seed=EVAL["significance"]["seed"],
+    shell:
+        "{params.dchag} compare-scores --baseline {input.baseline:q} --candidate {input.candidate:q} "
+        "--baseline-name {wildcards.baseline:q} --candidate-name {wildcards.candidate:q} "
+        "--alpha {params.alpha:q} --equivalence-margin {params.margin:q} --replicates {params.replicates:q} "
+        "--seed {params.seed:q} --output {output:q} > {log:q} 2>&1"
+
+
 # Using what was trained (named targets, not part of `all`): a run's model folder over the
 # classification scene, or reconstructing the first unlabelled image. (Its hindcast over the
 # test period is the evaluation's forecast_<run>.zarr.)

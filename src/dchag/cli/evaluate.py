@@ -3,6 +3,8 @@ hyperspectral reconstruction and classification scores, and the comparison table
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..config import schema_default, schema_enum
 from ..evaluate.weather import METRICS, SCORING
 from ..plan import BASELINE_FORECASTS
@@ -54,22 +56,18 @@ def cmd_score(args) -> None:
 
 
 def cmd_compare_scores(args) -> None:
-    from ..evaluate.compare import compare_scores
+    from ..evaluate.compare import compare_hsi, compare_scores
     from ..evaluate.score import write_csv
 
-    df = compare_scores(
-        args.baseline,
-        args.candidate,
-        args.baseline_name,
-        args.candidate_name,
-        args.method,
-        args.alpha,
-        args.equivalence_margin,
-        args.replicates,
-        args.seed,
-    )
+    names, judged = (args.baseline_name, args.candidate_name), (args.alpha, args.equivalence_margin)
+    if Path(args.baseline).suffix == ".npz":  # per-sample hyperspectral results
+        df = compare_hsi(args.baseline, args.candidate, *names, *judged, args.replicates, args.seed)
+        shown, keys = df, ["task", "region", "metric"]
+    else:
+        df = compare_scores(args.baseline, args.candidate, *names, args.method, *judged, args.replicates, args.seed)
+        shown, keys = df[df.region == "global"], ["convention", "variable", "lead_time_hours", "metric"]
     write_csv(df, args.output)
-    table = df[df.region == "global"].set_index(["convention", "variable", "lead_time_hours", "metric"])
+    table = shown.set_index(keys)
     print(table[["percent_change", "percent_lower", "percent_upper", "p_value", "verdict"]].round(4).to_string())
 
 
@@ -149,8 +147,13 @@ def _score_commands(add) -> None:
         cmd_compare_scores,
         "one run's scores against another's with confidence intervals and p-values (the paper's table)",
     )
-    sp.add_argument("--baseline", required=True, help="the baseline's per-init statistics (dchag score --statistics)")
-    sp.add_argument("--candidate", required=True, help="the candidate's, over the same initialisation times")
+    sp.add_argument(
+        "--baseline",
+        required=True,
+        help="the baseline's per-init statistics (dchag score --statistics), or its hyperspectral per-sample results "
+        "(.npz: dchag evaluate-classification --map, dchag evaluate-mae --samples; compared by a paired bootstrap)",
+    )
+    sp.add_argument("--candidate", required=True, help="the candidate's, over the same initialisation times or samples")
     sp.add_argument("--baseline-name", default="baseline")
     sp.add_argument("--candidate-name", default="dchag")
     sig = "evaluate.significance"

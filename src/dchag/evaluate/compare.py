@@ -14,7 +14,6 @@ import xarray as xr
 from ..store import InputError
 from . import perinit, significance
 
-KEYS = ["variable", "lead_time_hours", "region", "metric", "convention"]
 LOWER_IS_BETTER = {"rmse", "mse"}
 
 
@@ -116,6 +115,102 @@ def _judged(est: dict, metric: str, alpha: float, margin: float) -> dict:
         "verdict": verdict,
         "equivalence": f"within {margin:g}%" if equivalent else f"not shown within {margin:g}%",
     }
+
+
+def _hsi_samples(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
+    """A run's per-sample results: the test patches' labels of a classification map (0-based,
+    ``dchag evaluate-classification --map``) or the test tiles' errors of a reconstruction
+    (``dchag evaluate-mae --samples``)."""
+    if not Path(path).exists():
+        raise InputError(f"per-sample results not found: {path}")
+    with np.load(path) as z:
+        if {"truth", "pred", "split", "class_names"} <= set(z.files):
+            test = z["split"] == 2
+            k = len(z["class_names"])
+            return "classification", {"truth": z["truth"][test] - 1, "pred": z["pred"][test] - 1, "classes": k}
+        if "tile_masked_se" in z.files:
+            return "mae", {k: z[k] for k in z.files if k.startswith("tile_")}
+    raise InputError(
+        f"{path} is neither a classification map (dchag evaluate-classification) nor reconstruction samples with "
+        "per-tile errors (dchag evaluate-mae)"
+    )
+
+
+def _oa(d, i):
+    return (d["pred"][i] == d["truth"][i]).mean(-1)
+
+
+def _aa(d, i):
+    t, hit = d["truth"][i], d["pred"][i] == d["truth"][i]
+    support = np.stack([(t == k).sum(-1) for k in range(d["classes"])], -1)
+    correct = np.stack([((t == k) & hit).sum(-1) for k in range(d["classes"])], -1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.nanmean(np.where(support > 0, correct / support, np.nan), -1)  # classes absent: left out
+
+
+def _kappa(d, i):
+    t, p, n = d["truth"][i], d["pred"][i], i.shape[-1]
+    chance = sum((t == k).sum(-1) * (p == k).sum(-1) for k in range(d["classes"])) / n**2
+    return (_oa(d, i) - chance) / (1 - chance)
+
+
+HSI_METRICS = {  # task -> (metric, region, f(per-sample results, indices)); higher is better but for RMSE
+    "classification": [
+        ("overall_accuracy", "test", _oa),
+        ("average_accuracy", "test", _aa),
+        ("kappa", "test", _kappa),
+    ],
+    "mae": [
+        (
+            "rmse",
+            region,
+            lambda d, i, r=region: np.sqrt(d[f"tile_{r}_se"][i].sum(-1) / d[f"tile_{r}_count"][i].sum(-1)),
+        )
+        for region in ("masked", "full")
+    ],
+}
+
+
+def compare_hsi(
+    baseline: str | Path,
+    candidate: str | Path,
+    baseline_name: str = "baseline",
+    candidate_name: str = "dchag",
+    alpha: float = 0.05,
+    margin: float = 1.0,
+    replicates: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The candidate's hyperspectral test scores against the baseline's with a paired bootstrap
+    over the test samples (patches, or tiles of a reconstruction: the same resampled samples
+    for both runs; percentile intervals, the p-value where the interval reaches 0), in the
+    columns of :func:`compare_scores`: classification accuracy (overall, average) and kappa;
+    the RMSE of a reconstruction on the masked patches and on the whole tiles."""
+    (task, b), (task_c, c) = _hsi_samples(baseline), _hsi_samples(candidate)
+    same = task == task_c and all(
+        np.array_equal(b[k], c[k]) for k in ("truth", "tile_masked_count", "tile_full_count") if k in b
+    )
+    if not same:
+        raise InputError(f"{baseline} and {candidate} are not results on the same test samples: nothing to compare")
+    n = len(b["truth"] if task == "classification" else b["tile_full_se"])
+    if n < 2:
+        raise InputError(f"{baseline} holds {n} test sample(s): a bootstrap needs at least 2")
+    draws = np.random.default_rng(seed).integers(n, size=(replicates, n))
+    everything, rows = np.arange(n), []
+    for metric, region, f in HSI_METRICS[task]:
+        s_b, s_c = float(f(b, everything)), float(f(c, everything))
+        r_b, r_c = f(b, draws), f(c, draws)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            est = {
+                "difference": significance.Bootstrap(s_c - s_b, r_c - r_b),
+                "percent": significance.Bootstrap(100 * (s_c - s_b) / abs(s_b), 100 * (r_c - r_b) / np.abs(r_b)),
+            }
+        row = {"task": task, "region": region, "metric": metric, "baseline_score": s_b, "candidate_score": s_c}
+        rows.append(row | _judged(est, metric, alpha, margin))
+    out = pd.DataFrame(rows)
+    out["baseline"], out["candidate"] = baseline_name, candidate_name
+    out["method"], out["alpha"], out["n_samples"] = "paired_bootstrap", alpha, n
+    return out
 
 
 def hsi_table(files: list[str]) -> pd.DataFrame:

@@ -91,8 +91,22 @@ def evaluate_mae(model: Model, store: str | Path, output: str, samples: str, bat
                 pred=pred[:keep].astype(np.float32),
                 mask=masks[:keep],
                 wavelength=wavelength,
+                **tile_errors(truth, pred, masks),
             )
     return result
+
+
+def tile_errors(truth: np.ndarray, pred: np.ndarray, masks: np.ndarray) -> dict[str, np.ndarray]:
+    """Per test tile, the sum of squared errors and the number of values, on the masked patches
+    and on the whole tile: the RMSEs pool them, and `dchag compare-hsi` resamples tiles."""
+    sq = (np.asarray(pred, np.float64) - truth) ** 2  # (tiles, bands, rows, cols)
+    bands = truth.shape[1]
+    return {
+        "tile_masked_se": np.einsum("tbrc,trc->t", sq, masks.astype(np.float64)),
+        "tile_masked_count": masks.reshape(len(masks), -1).sum(1) * bands,
+        "tile_full_se": sq.reshape(len(sq), -1).sum(1),
+        "tile_full_count": np.full(len(sq), sq[0].size),
+    }
 
 
 def _labels(model: Model, run, store: str | Path, split: str, batch_size: int) -> np.ndarray | None:

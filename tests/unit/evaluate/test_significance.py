@@ -16,7 +16,7 @@ from support.era5 import LAT, LON, synthetic_truth
 
 from dchag.cli import main
 from dchag.evaluate import significance, weather
-from dchag.evaluate.compare import compare_scores
+from dchag.evaluate.compare import compare_hsi, compare_scores
 from dchag.figures.scorecard import scorecard
 from dchag.store import InputError
 
@@ -195,3 +195,67 @@ def test_compare_scores_cli_on_the_files_dchag_score_writes(tmp_path):
         compare_scores(tmp_path / "s_base.nc", other)
     with pytest.raises(InputError, match=r"alpha 0.7: expected .* 0 < alpha < 0.5"):
         compare_scores(tmp_path / "s_base.nc", tmp_path / "s_same.nc", alpha=0.7)
+
+
+def _classification_map(path: Path, truth: np.ndarray, accuracy: float, seed: int) -> None:
+    """A map as `dchag evaluate-classification --map` writes it: test pixels (split 2), classes
+    1..K, each predicted right with probability ``accuracy`` and otherwise at random."""
+    rng = np.random.default_rng(seed)
+    pred = np.where(rng.random(truth.size) < accuracy, truth, rng.integers(5, size=truth.size))
+    shape = (60, truth.size // 60)
+    np.savez_compressed(
+        path,
+        truth=(truth + 1).reshape(shape).astype(np.int16),
+        pred=(pred + 1).reshape(shape).astype(np.int16),
+        split=np.full(shape, 2, np.int8),
+        class_names=np.asarray([f"c{k}" for k in range(5)]),
+    )
+
+
+def test_hyperspectral_runs_compared_by_a_paired_bootstrap_over_test_samples(tmp_path):
+    from dchag.evaluate import classification, recon
+    from dchag.evaluate.hsi import tile_errors
+
+    truth = np.random.default_rng(0).integers(5, size=3000)
+    for name, accuracy, seed in (("base", 0.8, 1), ("same", 0.8, 2), ("worse", 0.75, 3)):
+        _classification_map(tmp_path / f"{name}.npz", truth, accuracy, seed)
+    rows = {}
+    for name in ("same", "worse"):
+        args = [
+            "compare-scores",
+            "--baseline",
+            str(tmp_path / "base.npz"),
+            "--candidate",
+            str(tmp_path / f"{name}.npz"),
+        ]
+        assert main([*args, "--candidate-name", name, "--output", str(tmp_path / f"{name}.csv")]) == 0
+        rows[name] = pd.read_csv(tmp_path / f"{name}.csv").set_index("metric")
+    worse, same = rows["worse"], rows["same"]
+    with np.load(tmp_path / "worse.npz") as z:  # the table's scores are the classification scores
+        expected = classification.scores(truth, z["pred"].ravel() - 1, [f"c{k}" for k in range(5)])
+    for metric in ("overall_accuracy", "average_accuracy", "kappa"):
+        assert worse.loc[metric, "candidate_score"] == pytest.approx(expected[metric], rel=1e-9)  # CSV: 10 digits
+        assert worse.loc[metric, "verdict"] == "worse" and worse.loc[metric, "p_value"] < 0.01
+        assert same.loc[metric, "verdict"] == "no significant difference", same.loc[metric]
+        assert (
+            worse.loc[metric, "difference_lower"]
+            < worse.loc[metric, "difference"]
+            < worse.loc[metric, "difference_upper"]
+            < 0
+        )
+    assert (worse.n_samples == 3000).all() and (worse.method == "paired_bootstrap").all()
+    # reconstructions: the RMSE pooled over the resampled tiles, masked and full
+    rng = np.random.default_rng(1)
+    cube = rng.normal(size=(24, 6, 16, 16))
+    masks = rng.random((24, 16, 16)) < 0.75
+    for name, noise in (("base", 1.0), ("worse", 1.1)):
+        np.savez(tmp_path / f"r_{name}.npz", **tile_errors(cube, cube + rng.normal(0, noise, cube.shape), masks))
+    table = compare_hsi(tmp_path / "r_base.npz", tmp_path / "r_worse.npz").set_index("region")
+    pred = cube + np.random.default_rng(99).normal(0, 1.1, cube.shape)
+    errors = tile_errors(cube, pred, masks)
+    got = np.sqrt(errors["tile_masked_se"].sum() / errors["tile_masked_count"].sum())
+    assert got == pytest.approx(recon.masked_and_full(cube, pred, masks)["masked"]["rmse"], rel=1e-12)
+    assert table.loc["masked", "verdict"] == "worse" and table.loc["full", "verdict"] == "worse"
+    assert 5 < table.loc["full", "percent_change"] < 15 and table.loc["full", "percent_lower"] > 0
+    with pytest.raises(InputError, match="not results on the same test samples"):
+        compare_hsi(tmp_path / "r_base.npz", tmp_path / "base.npz")
