@@ -72,7 +72,8 @@ def scorecard(comparisons: list[str], output: str) -> Path:
     regions = sorted(set(table.region), key=lambda r: (known.index(r) if r in known else len(known), r))
     leads = sorted(table.lead_time_hours.unique())
     rows = sorted({(m, v) for m, v in zip(table.metric, table.variable, strict=True)})
-    limit = float(np.nanpercentile(np.abs(table.improvement), 95)) or 1.0
+    # the colours saturate at 25 %: a percent change of a near-zero wACC can be thousands
+    limit = float(np.clip(np.nanpercentile(np.abs(table.improvement), 90), 1.0, 25.0))
     ncol = len(regions) * len(leads)
     fig, axes = plt.subplots(
         len(pairs),
@@ -85,7 +86,8 @@ def scorecard(comparisons: list[str], output: str) -> Path:
         part = table[(table.candidate == cand) & (table.baseline == base)]
         image = _block(ax, part, rows, regions, leads, limit)
         ax.set_title(f"{cand} against {base}: % improvement (* significant)", fontsize=9)
-    fig.colorbar(image, ax=axes[:, 0].tolist(), shrink=0.6, label="% improvement on the baseline (+: better)")
+    label = "% improvement on the baseline (+: better)"
+    fig.colorbar(image, ax=axes[:, 0].tolist(), shrink=0.6, extend="both", label=label)
     text = _caption(table)
     fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, 160)), ha="left", va="top", fontsize=7)
     write_table(table.to_dict("records"), output, text)
