@@ -213,3 +213,29 @@ def test_predict_names_a_damaged_store(data_root, forecast_model, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err and err[-1].startswith("dchag predict: error: ") and message in err[-1], err
     assert not out.exists()
+
+
+def test_hub_push_and_pull_end_in_one_line_and_leave_nothing(forecast_model, tmp_path):
+    """`dchag push-model` loads the folder before any network call; a Hub that cannot be
+    reached (here a closed local port: HF_ENDPOINT) or an invalid repository id is one line
+    naming the repository, and a failed pull leaves no folder (the upload and download
+    themselves need the Hub, which this machine cannot reach)."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+
+    def dchag(*args):
+        proc = subprocess.run([sys.executable, "-m", "dchag", *args], capture_output=True, text=True, env=env)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        return proc.stderr
+
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    assert f"{not_a_model} is not a dchag model folder" in dchag(
+        "push-model", "--model", str(not_a_model), "--repo", "o/m"
+    )
+    err = dchag("push-model", "--model", str(forecast_model), "--repo", "o/m")
+    assert "cannot push to the Hugging Face Hub repository 'o/m'" in err and "Connection refused" in err
+    out = tmp_path / "pulled"
+    err = dchag("pull-model", "--repo", "o/m", "--output", str(out))
+    assert "cannot pull the Hugging Face Hub repository 'o/m'" in err and "Connection refused" in err
+    assert "repository 'bad id!'" in dchag("pull-model", "--repo", "bad id!", "--output", str(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no folder, no temporary, no cache

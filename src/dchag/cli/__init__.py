@@ -30,7 +30,8 @@ STAGES = (era5, hsi, train, evaluate, predict, figures, paper, benefit, pipeline
 # What a person types; every other subcommand is a pipeline step (a Snakemake rule calls it),
 # named apart at the end of --help.
 FOR_PEOPLE = (
-    "regrid", "download-era5", "preprocess-hsi", "train", "launch-train", "export", "predict", "score",
+    "regrid", "download-era5", "preprocess-hsi", "train", "launch-train", "export", "predict", "push-model",
+    "pull-model", "score",
     "compare-scores", "score-recon", "describe-model", "estimate-memory", "calibrate", "advise", "install-profile",
 )  # fmt: skip
 

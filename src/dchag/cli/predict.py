@@ -75,6 +75,18 @@ def cmd_predict(args) -> None:
     use[Task(model.task)](model, args)
 
 
+def cmd_push_model(args) -> None:
+    from ..predict.hub import push
+
+    print(f"pushed {args.model} to {push(args.model, args.repo, args.revision, args.private)}")
+
+
+def cmd_pull_model(args) -> None:
+    from ..predict.hub import pull
+
+    print(f"pulled {args.repo} to {pull(args.repo, args.output, args.revision)}")
+
+
 def _run_args(sp) -> None:
     config_arg(sp, required=True, help_="the run's config (YAML or JSON)")
     sp.add_argument("--run-name", dest="run", required=True, help="a run of the config's train.runs")
@@ -129,3 +141,13 @@ def register(add) -> None:
         required=True,
         help="Zarr store (a PNG, and a GeoTIFF where the image has a georeference, beside it)",
     )
+
+    sp = add("push-model", cmd_push_model, "upload a model folder to the Hugging Face Hub (extra: hub)")
+    sp.add_argument("--model", required=True, help="a model folder (dchag export); it is loaded before the upload")
+    sp.add_argument("--repo", required=True, help="the model repository, OWNER/NAME (created if absent)")
+    sp.add_argument("--revision", help="a branch (default: main)")
+    sp.add_argument("--private", action="store_true", help="create the repository private")
+    sp = add("pull-model", cmd_pull_model, "download a model folder from the Hugging Face Hub and check it loads")
+    sp.add_argument("--repo", required=True, help="the model repository, OWNER/NAME")
+    sp.add_argument("--revision", help="a branch, tag or commit (default: main)")
+    sp.add_argument("--output", required=True, help="the model folder to write")
