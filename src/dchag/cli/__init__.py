@@ -31,8 +31,8 @@ STAGES = (era5, hsi, train, evaluate, predict, figures, paper, benefit, pipeline
 # named apart at the end of --help.
 FOR_PEOPLE = (
     "regrid", "download-era5", "preprocess-hsi", "train", "launch-train", "export", "predict", "push-model",
-    "pull-model", "score",
-    "compare-scores", "score-recon", "describe-model", "estimate-memory", "calibrate", "advise", "install-profile",
+    "pull-model", "score", "compare-scores", "score-recon", "describe-model", "estimate-memory", "calibrate",
+    "advise", "check-config", "install-profile",
 )  # fmt: skip
 
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         return 0
     # one line, whatever the message holds (YAML's parser reports its position on lines of its own)
-    message = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    message = "; ".join(line.strip() for line in message.splitlines() if line.strip()).replace(":; ", ": ")
     print(f"dchag {args.command}: error: {message}", file=sys.stderr)
     report_error(message)  # a worker under torchrun: the line `dchag launch-train` ends with
     return 2

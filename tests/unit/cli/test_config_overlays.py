@@ -9,6 +9,7 @@ import json
 import pytest
 import yaml
 from snakemake.utils import update_config
+from support import REPO
 
 from dchag.cli import main
 from dchag.config import ConfigError, load_config, validate
@@ -79,3 +80,15 @@ def test_a_subcommand_takes_several_files_and_set(tmp_path, capsys):
     assert main([*run, "--config", str(a), "--set", "model.depth=0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--set model.depth=0" in err[0] and "model.depth" in err[0], err
+
+
+def test_check_config_names_the_yaml_line_snakemake_does_not(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("era5:\n  inputs: [resources/era5/era5_{year}.grib]\n")  # a flow mapping in a flow list
+    assert main(["check-config", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dchag check-config: error: config file") and f'"{bad}", line 2, column' in err
+    assert main(["check-config", "--config", str(REPO / "config" / "demo.yaml"), "--set", "train.steps=0"]) == 2
+    assert "key 'train.steps': 0 is less than the minimum of 1" in capsys.readouterr().err
+    assert main(["check-config", "--config", str(REPO / "config" / "demo.yaml")]) == 0
+    assert "valid; results in results/demo/; runs: forecast-baseline (forecast)" in capsys.readouterr().out
