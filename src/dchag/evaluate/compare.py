@@ -132,7 +132,7 @@ def _hsi_samples(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
             return "mae", {k: z[k] for k in z.files if k.startswith("tile_")}
     raise InputError(
         f"{path} is neither a classification map (dchag evaluate-classification) nor reconstruction samples with "
-        "per-tile errors (dchag evaluate-mae)"
+        "per-tile errors (dchag evaluate-mae; one from an older dchag lacks them: snakemake --forcerun evaluate_mae)"
     )
 
 
@@ -195,11 +195,17 @@ def compare_hsi(
     n = len(b["truth"] if task == "classification" else b["tile_full_se"])
     if n < 2:
         raise InputError(f"{baseline} holds {n} test sample(s): a bootstrap needs at least 2")
-    draws = np.random.default_rng(seed).integers(n, size=(replicates, n))
+    metrics, rng = HSI_METRICS[task], np.random.default_rng(seed)
+    resampled = [([], []) for _ in metrics]
+    for start in range(0, replicates, chunk := max(1, 2**22 // n)):  # indices of at most 32 MiB at a time
+        draws = rng.integers(n, size=(min(chunk, replicates - start), n))
+        for (_, _, f), (r_b, r_c) in zip(metrics, resampled, strict=True):
+            r_b.append(f(b, draws))
+            r_c.append(f(c, draws))
     everything, rows = np.arange(n), []
-    for metric, region, f in HSI_METRICS[task]:
+    for (metric, region, f), parts in zip(metrics, resampled, strict=True):
         s_b, s_c = float(f(b, everything)), float(f(c, everything))
-        r_b, r_c = f(b, draws), f(c, draws)
+        r_b, r_c = (np.concatenate(p) for p in parts)
         with np.errstate(divide="ignore", invalid="ignore"):
             est = {
                 "difference": significance.Bootstrap(s_c - s_b, r_c - r_b),
