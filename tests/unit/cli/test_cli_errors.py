@@ -184,6 +184,9 @@ def _cases(tmp):
             str(tmp / "model"),
         ],
         "predict": ["--model", f"{MISSING}/model", "--image", f"{MISSING}/x.hdr", "--output", str(tmp / "p.zarr")],
+        "push-model": ["--model", f"{MISSING}/model", "--repo", "o/m"],  # the folder is loaded before any upload
+        "pull-model": ["--repo", "not a repo id!", "--output", str(tmp / "pulled")],  # refused before the network
+        "check-config": ["--config", f"{MISSING}/config.yaml"],
     }
 
 
