@@ -98,7 +98,7 @@ def evaluate_mae(model: Model, store: str | Path, output: str, samples: str, bat
 
 def tile_errors(truth: np.ndarray, pred: np.ndarray, masks: np.ndarray) -> dict[str, np.ndarray]:
     """Per test tile, the sum of squared errors and the number of values, on the masked patches
-    and on the whole tile: the RMSEs pool them, and `dchag compare-hsi` resamples tiles."""
+    and on the whole tile: the RMSEs pool them, and `dchag compare-scores` resamples tiles."""
     sq = (np.asarray(pred, np.float64) - truth) ** 2  # (tiles, bands, rows, cols)
     bands = truth.shape[1]
     return {

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..evaluate import weather
+from ..evaluate.compare import LOWER_IS_BETTER
 from ..store import InputError
 from .caption import write_table
 from .common import plt, read_csv, save
@@ -34,7 +35,6 @@ COLUMNS = [
     "n_init",
     "equivalence",
 ]
-LOWER_IS_BETTER = {"rmse", "mse"}
 METHOD = {
     "t_test_ar2": "Student's t-test on the per-initialisation differences, its standard error inflated for AR(2) "
     "autocorrelation between consecutive initialisation times (Geer 2016)",
