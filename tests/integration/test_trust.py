@@ -365,11 +365,20 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
     root, base = data_root
     out = tmp_path / "run"
     first = torchrun(run_config(base, steps=400, checkpoint_every=100, val_every=100), out, root)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out / "log.csv.partial").exists():
+    from dchag.train.lock import RunLock
+
+    def training() -> bool:  # a live worker (rank 0) wrote itself into the lock and the steps have begun
+        lock = out / ".lock"
+        holder = lock.read_text() if lock.exists() else ""
+        if first.poll() is not None:
+            return False
+        return (out / "log.csv.partial").exists() and any(f"pid {w} " in holder for w in children(first.pid))
+
+    deadline = time.time() + 300
+    while time.time() < deadline and first.poll() is None and not training():
         time.sleep(0.2)
     workers = children(first.pid)
-    assert len(workers) == 2, finish(first, out)[-3000:]
+    assert training() and len(workers) == 2, finish(first, out)[-3000:]
     second = train_once(run_config(base, steps=400), tmp_path, root)  # the same run directory (tmp_path/run)
     assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr[-2000:]
     assert "Traceback" not in second.stderr
@@ -384,8 +393,6 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
     assert not alive, f"workers {alive} outlived their launcher"
     # the lock died with them: the run can be resumed at once
     lock = out / ".lock"
-    from dchag.train.lock import RunLock
-
     RunLock(out).check_free()
     assert lock.exists()
 
