@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # The test suite, exactly as CI runs it (.ci/run): five pytest-xdist workers on CI's two cores
 # (the Slurm, signal and lock tests mostly wait: with five, both cores stay busy; measured: 2.0 cores
-# busy from the first test to the last in CI, .ci/junit.xml), the
+# busy from the first test to the last in CI, read from /proc/stat every 5 s), the
 # tests marked `minutes` first, longest first, then tests/integration/, then tests/unit/
 # (tests/conftest.py orders them). `make test-quick` runs tests/unit/ alone.
 test: lint
