@@ -364,7 +364,8 @@ def test_a_checkpoint_with_damaged_bytes_of_the_right_size_falls_back_to_the_pre
 def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_path):
     root, base = data_root
     out = tmp_path / "run"
-    first = torchrun(run_config(base, steps=400, checkpoint_every=100, val_every=100), out, root)
+    # long enough to outlast the second start under any load (it is killed below; 400 steps took 31 s)
+    first = torchrun(run_config(base, steps=100_000, checkpoint_every=100, val_every=100), out, root)
     from dchag.train.lock import RunLock
 
     def training() -> bool:  # a live worker (rank 0) wrote itself into the lock and the steps have begun
@@ -379,7 +380,7 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
         time.sleep(0.2)
     workers = children(first.pid)
     assert training() and len(workers) == 2, finish(first, out)[-3000:]
-    second = train_once(run_config(base, steps=400), tmp_path, root)  # the same run directory (tmp_path/run)
+    second = train_once(run_config(base, steps=100_000), tmp_path, root)  # the same run directory (tmp_path/run)
     assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr[-2000:]
     assert "Traceback" not in second.stderr
     os.kill(first.pid, signal.SIGKILL)  # the launcher, as a cluster's job kill or an OOM killer does
