@@ -29,12 +29,9 @@ demo: $(STAMP)
 # (the Slurm, signal and lock tests mostly wait: with five, both cores stay busy; measured: 2.0 cores
 # busy from the first test to the last in CI, read from /proc/stat every 5 s), the
 # tests marked `minutes` first, longest first, then tests/integration/, then tests/unit/
-# (tests/conftest.py orders them). `make test-quick` runs tests/unit/ alone. One math thread per
-# process (as Snakemake's jobs and dchag's ranks already run): with more, five workers on two cores
-# oversubscribe them and OpenMP's and OpenBLAS's waiting threads spin on the cores the others need.
-ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# (tests/conftest.py orders them). `make test-quick` runs tests/unit/ alone.
 test: lint
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(ONE_THREAD) $(BIN)/python -m pytest -n 5 --dist load --maxschedchunk 1
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 5 --dist load --maxschedchunk 1
 
 # The Python linter and formatter (configured in pyproject.toml), as CI runs them before the tests.
 lint: $(STAMP)
@@ -42,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 
 test-quick: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(ONE_THREAD) $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 tests/unit
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist load --maxschedchunk 1 tests/unit
 
 clean:
 	rm -rf results logs resources .snakemake
