@@ -369,17 +369,20 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
     from dchag.train.lock import RunLock
 
     def training() -> bool:  # a live worker (rank 0) wrote itself into the lock and the steps have begun
-        lock = out / ".lock"
-        holder = lock.read_text() if lock.exists() else ""
         if first.poll() is not None:
             return False
+        lock = out / ".lock"
+        holder = lock.read_text() if lock.exists() else ""
         return (out / "log.csv.partial").exists() and any(f"pid {w} " in holder for w in children(first.pid))
 
     deadline = time.time() + 300
     while time.time() < deadline and first.poll() is None and not training():
         time.sleep(0.2)
+    if not training():
+        first.kill()  # a run of 100 000 steps would not end by itself in finish()'s time
+        pytest.fail(finish(first, out)[-3000:])
     workers = children(first.pid)
-    assert training() and len(workers) == 2, finish(first, out)[-3000:]
+    assert len(workers) == 2, workers
     second = train_once(run_config(base, steps=100_000), tmp_path, root)  # the same run directory (tmp_path/run)
     assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr[-2000:]
     assert "Traceback" not in second.stderr
