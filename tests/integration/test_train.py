@@ -254,7 +254,7 @@ def test_checkpoints_refuse_other_models_and_code(tmp_path):
 
 
 def test_cluster_launch_command_from_a_slurm_allocation():
-    from dchag.train.launch import expand_hostlist, torchrun_command
+    from dchag.train.launch import RANK_ENTRY, expand_hostlist, torchrun_command
 
     assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[07-08]", "SLURM_NNODES": "2", "PATH": "/nonexistent"}
@@ -263,7 +263,8 @@ def test_cluster_launch_command_from_a_slurm_allocation():
     # the port follows the job id (two jobs on one head node do not share it), or DCHAG_RDZV_PORT
     assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node07:29742", "--rdzv-id=4242"} <= set(cmd)
     assert "--rdzv-endpoint=node07:31000" in torchrun_command(4, 2, [], {**env, "DCHAG_RDZV_PORT": "31000"})
-    assert cmd[-5:] == ["-m", "dchag", "train", "--config", "c.yaml"]
+    # every rank `python -m dchag train ...`, forked from a server that has imported the trainer
+    assert cmd[-7:] == ["--start-method=forkserver", "--run-path", RANK_ENTRY, "dchag", "train", "--config", "c.yaml"]
     assert "--standalone" in torchrun_command(2, 1, [], {"PATH": "/nonexistent"})
     # A one-node allocation: standalone (a free port), so jobs sharing a node do not collide.
     one = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node07", "SLURM_NNODES": "1", "PATH": "/nonexistent"}

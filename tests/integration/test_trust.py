@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.commands import children, finish, mount, run_config, short_run, torchrun, train_once
+from support import BIN
+from support.commands import finish, mount, run_config, short_run, torchrun, train_args, train_once
 
+from dchag.bench.procs import ranks
 from dchag.train import checkpoint as ckpt
 
 
@@ -364,8 +366,14 @@ def test_a_checkpoint_with_damaged_bytes_of_the_right_size_falls_back_to_the_pre
 def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_path):
     root, base = data_root
     out = tmp_path / "run"
-    # long enough to outlast the second start under any load (it is killed below; 400 steps took 31 s)
-    first = torchrun(run_config(base, steps=100_000, checkpoint_every=100, val_every=100), out, root)
+    # `dchag launch-train`, as the train rule runs it: its ranks fork from a server it started, and
+    # still die with it. Long enough to outlast the second start under any load (it is killed
+    # below; 400 steps took 31 s).
+    cfg = run_config(base, steps=100_000, checkpoint_every=100, val_every=100)
+    out.mkdir()
+    with open(tmp_path / "run.out", "w") as log:  # finish() reads it
+        launch = [str(BIN / "dchag"), "launch-train", *train_args(cfg, out, root)[1:], "--nproc", "2"]
+        first = subprocess.Popen([*launch, "--threads-per-rank", "1"], stdout=log, stderr=subprocess.STDOUT, text=True)
     from dchag.train.lock import RunLock
 
     def training() -> bool:  # a live worker (rank 0) wrote itself into the lock and the steps have begun
@@ -373,7 +381,7 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
             return False
         lock = out / ".lock"
         holder = lock.read_text() if lock.exists() else ""
-        return (out / "log.csv.partial").exists() and any(f"pid {w} " in holder for w in children(first.pid))
+        return (out / "log.csv.partial").exists() and any(f"pid {w} " in holder for w in ranks(first.pid))
 
     deadline = time.time() + 300
     while time.time() < deadline and first.poll() is None and not training():
@@ -381,7 +389,7 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
     if not training():
         first.kill()  # a run of 100 000 steps would not end by itself in finish()'s time
         pytest.fail(finish(first, out)[-3000:])
-    workers = children(first.pid)
+    workers = ranks(first.pid)
     assert len(workers) == 2, workers
     second = train_once(run_config(base, steps=100_000), tmp_path, root)  # the same run directory (tmp_path/run)
     assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr[-2000:]

@@ -84,17 +84,34 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def ranks(pid: int) -> list[int]:
+    """The ranks under launcher ``pid``: its descendants that lead a session of their own (torchrun
+    starts each rank in one, and so does a rank of `dchag launch-train`, forked from a server)."""
+    found, todo = [], [pid]
+    while todo:
+        try:
+            below = children(todo.pop())
+        except FileNotFoundError:  # it ended
+            continue
+        for p in below:
+            try:
+                leads = os.getsid(p) == p
+            except ProcessLookupError:
+                continue
+            (found if leads else todo).append(p)
+    return sorted(found)
+
+
 def kill_once_past(cmd: list[str], log: Path, partial: Path, rows: int, env: dict, timeout: float = 600) -> tuple:
-    """Run ``cmd`` (a launcher whose children are the workers); once ``partial`` holds more
-    than ``rows`` lines, kill its first worker (SIGKILL) once. (returncode, whether a worker was
-    killed)."""
+    """Run ``cmd`` (a launcher); once ``partial`` holds more than ``rows`` lines, kill its first
+    rank (SIGKILL) once. (returncode, whether a rank was killed)."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     killed = None
     try:
         while proc.poll() is None and killed is None:
             if partial.exists() and len(partial.read_text().splitlines()) > rows:
-                workers = children(proc.pid)
+                workers = ranks(proc.pid)
                 if workers:
                     killed = workers[0]
                     os.kill(killed, signal.SIGKILL)

@@ -281,4 +281,5 @@ def launch_point(config: dict, name: str, output: str, threads_per_rank: int | N
         bench_args,
         threads_per_rank or paper["threads_per_rank"],
         module=("dchag.paper.bench",),
+        preload=("dchag.paper.bench",),
     )

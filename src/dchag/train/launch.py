@@ -4,7 +4,10 @@ inside a Slurm allocation with c10d rendezvous on the job's first node.
 On a cluster, run one task per node, e.g. ``srun --ntasks-per-node 1 dchag launch-train ...``;
 every task derives the same rendezvous (head node, job id, node count) from Slurm's variables.
 
-torchrun's agent runs in the launcher's own process. A worker that ends on a user's error
+torchrun's agent runs in the launcher's own process. Its ranks fork from a server process that
+imports torch and the trainer once (``--start-method=forkserver``, :mod:`dchag.train.rank`): a
+rank starts in a fraction of a second instead of importing them again, as does every rank of a
+restart. A worker that ends on a user's error
 (one line, :func:`report_error`) leaves that line in the error file torchrun gives it
 (``TORCHELASTIC_ERROR_FILE``); the launcher ends with that line, not with torchrun's
 ``ChildFailedError`` report. A worker that fails otherwise (a bug, a signal) keeps torchrun's report.
@@ -35,6 +38,8 @@ class WorkerError(DchagError, RuntimeError):
 
 
 RDZV_BASE_PORT = 29500
+RANK_ENTRY = str(Path(__file__).with_name("rank.py"))
+TRAINER_MODULES = ("dchag.cli", "dchag.train.trainer")  # what the ranks' fork server imports for `dchag train`
 
 
 def rendezvous_port(env: dict) -> int:
@@ -83,7 +88,8 @@ def torchrun_command(
     env: dict | None = None,
     module: tuple[str, ...] = ("dchag", "train"),
 ) -> list[str]:
-    """torchrun running ``python -m <module...> <train_args>`` on every rank."""
+    """torchrun running ``python -m <module...> <train_args>`` on every rank (forked, through
+    :mod:`dchag.train.rank`)."""
     env = dict(os.environ if env is None else env)
     cmd = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
     # SIGTERM or SIGUSR1 to the launcher reaches every rank, which finishes its step and
@@ -101,7 +107,7 @@ def torchrun_command(
         ]
     else:
         cmd += ["--standalone"]
-    return [*cmd, "-m", *module, *train_args]
+    return [*cmd, "--start-method=forkserver", "--run-path", RANK_ENTRY, *module, *train_args]
 
 
 # The thread counts of the math libraries torch may use. Snakemake exports all of them as the
@@ -151,9 +157,13 @@ def launch(
     train_args: list[str],
     threads_per_rank: int | None = None,
     module: tuple[str, ...] = ("dchag", "train"),
+    preload: tuple[str, ...] = TRAINER_MODULES,
 ) -> None:
-    """Run torchrun's agent in this process over ``python -m <module> <train_args>`` workers;
-    a worker's reported user error ends it as :class:`WorkerError`."""
+    """Run torchrun's agent in this process over ``python -m <module> <train_args>`` workers,
+    forked from a server that has imported ``preload``; a worker's reported user error ends it
+    as :class:`WorkerError`."""
+    import multiprocessing
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -164,7 +174,10 @@ def launch(
     if threads_per_rank:  # the workers inherit this process's environment
         os.environ.update(rank_thread_env({}, threads_per_rank))
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_GRACE_S)
-    os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process: its workers' parent
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process
+    # The server starts with the first rank, in this environment (the thread counts above included).
+    multiprocessing.set_forkserver_preload(list(preload))
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_exit_without_traceback)
     log.info("%s ...%s", " ".join(cmd[:6]), f" ({threads_per_rank} threads per rank)" if threads_per_rank else "")
     try:
         run(parse_args(cmd[1:]))
@@ -175,6 +188,28 @@ def launch(
         raise WorkerError(message) from None
     except SignalException as err:
         raise WorkerError(f"stopped by {err.sigval.name}; {_newest_checkpoint(train_args)}") from None
+    finally:
+        _stop_fork_server()
+
+
+def _exit_without_traceback(record: logging.LogRecord) -> bool:
+    """torchrun logs a forked rank that exited with the traceback of its own wait for it
+    (``ProcessExitedException``), which tells nothing the exit code does not: keep the line, drop
+    that traceback (a rank's own exception keeps its traceback)."""
+    if record.exc_info and type(record.exc_info[1]).__name__ == "ProcessExitedException":
+        record.exc_info, record.exc_text = None, None
+    return True
+
+
+def _stop_fork_server() -> None:
+    """End the ranks' fork server and wait for it (it would end with this process anyway), so
+    that its CPU time and its ranks' count as this process's children's (GNU time, a job's
+    accounting). Python keeps the server's stop private (3.8-3.13: ``ForkServer._stop``)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
+    if stop is not None:
+        stop()
 
 
 def _newest_checkpoint(train_args: list[str]) -> str:

@@ -3,8 +3,8 @@ that die with their launcher.
 
 The lock is an ``flock`` held by rank 0 of ``dchag train`` (the kernel releases it when the
 process ends, however it ends); the file says who holds it (host, pid, start time), so a second
-start fails naming the holder. torchrun starts each worker in a session of its own, so a
-SIGKILLed launcher would leave its workers writing checkpoints while a rerun resumes:
+start fails naming the holder. Each worker runs in a session of its own, so a SIGKILLed
+launcher would leave its workers writing checkpoints while a rerun resumes:
 :func:`die_with_parent` asks the kernel to kill a worker when its launcher dies.
 """
 
@@ -104,17 +104,37 @@ LAUNCHER_PID = "DCHAG_LAUNCHER_PID"  # set by `dchag launch-train`, which become
 
 
 def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent (torchrun's agent) dies (Linux;
-    elsewhere nothing). If the launcher is already gone, exit now."""
+    """Have this process SIGKILLed when its launcher (torchrun's agent) dies (Linux; elsewhere
+    nothing); if it is already gone, exit now. The kernel kills it when its parent dies; a
+    rank of `dchag launch-train` forked from a server (which outlives the agent while ranks
+    hold it open) also watches the launcher itself."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return
-    parent = int(os.environ.get(LAUNCHER_PID) or os.getppid())
+    parent = os.getppid()
     PR_SET_PDEATHSIG = 1
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return
-    if os.getppid() != parent:  # the launcher died before the request took effect
+    launcher = int(os.environ.get(LAUNCHER_PID) or parent)
+    try:
+        watch = os.pidfd_open(launcher) if launcher != parent else None
+    except ProcessLookupError:
         os._exit(1)
+    except OSError:  # a kernel before 5.3: the parent's death alone
+        watch = None
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+    if watch is not None:
+        import threading
+
+        threading.Thread(target=_die_when_ended, args=(watch,), name="launcher-watch", daemon=True).start()
+
+
+def _die_when_ended(pidfd: int) -> None:
+    import select
+
+    select.select([pidfd], [], [])  # readable once the process has ended
+    os.kill(os.getpid(), signal.SIGKILL)
