@@ -19,8 +19,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from support import BIN
-from support.commands import children, final_weights, finish, run_config, store_args, torchrun, train_once
+from support.commands import final_weights, finish, run_config, store_args, torchrun, train_once
 from support.distributed import free_port, run_distributed
+
+from dchag.bench.procs import ranks
 
 
 @pytest.mark.parametrize("block", ["contiguous", "scattered"])
@@ -67,7 +69,7 @@ def test_sigkill_a_worker_then_resume_equals_uninterrupted_run(data_root, tmp_pa
     victim = None
     while time.time() < deadline and victim is None:
         if log.exists() and len(log.read_text().splitlines()) > 15:  # past the step-10 checkpoint
-            workers = children(killed.pid)
+            workers = ranks(killed.pid)
             if len(workers) == 2:
                 victim = max(workers)
                 os.kill(victim, signal.SIGKILL)

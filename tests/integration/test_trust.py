@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import BIN
-from support.commands import finish, mount, run_config, short_run, torchrun, train_args, train_once
+from support.commands import finish, mount, run_config, short_run, torchrun, train_once
 
 from dchag.bench.procs import ranks
 from dchag.train import checkpoint as ckpt
@@ -366,14 +365,8 @@ def test_a_checkpoint_with_damaged_bytes_of_the_right_size_falls_back_to_the_pre
 def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_path):
     root, base = data_root
     out = tmp_path / "run"
-    # `dchag launch-train`, as the train rule runs it: its ranks fork from a server it started, and
-    # still die with it. Long enough to outlast the second start under any load (it is killed
-    # below; 400 steps took 31 s).
-    cfg = run_config(base, steps=100_000, checkpoint_every=100, val_every=100)
-    out.mkdir()
-    with open(tmp_path / "run.out", "w") as log:  # finish() reads it
-        launch = [str(BIN / "dchag"), "launch-train", *train_args(cfg, out, root)[1:], "--nproc", "2"]
-        first = subprocess.Popen([*launch, "--threads-per-rank", "1"], stdout=log, stderr=subprocess.STDOUT, text=True)
+    # long enough to outlast the second start under any load (it is killed below; 400 steps took 31 s)
+    first = torchrun(run_config(base, steps=100_000, checkpoint_every=100, val_every=100), out, root)
     from dchag.train.lock import RunLock
 
     def training() -> bool:  # a live worker (rank 0) wrote itself into the lock and the steps have begun

@@ -153,24 +153,13 @@ def train_args(cfg: dict, outdir: Path, root: Path) -> list[str]:
 
 
 def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
-    """``torchrun ... dchag train`` of run "f" of ``cfg`` into ``outdir``, started (see :func:`finish`)."""
-    cmd = [
-        str(BIN / "torchrun"),
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "--max-restarts",
-        str(restarts),
-        "--monitor-interval",
-        "0.5",
-        "-m",
-        "dchag",
-        *train_args(cfg, outdir, root),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    """``dchag launch-train`` (torchrun's agent; see :mod:`dchag.train.launch`) of run "f" of ``cfg``
+    into ``outdir`` on ``nproc`` ranks, one math thread each, started (see :func:`finish`)."""
+    cmd = [str(BIN / "dchag"), "launch-train", *train_args(cfg, outdir, root)[1:], "--nproc", str(nproc)]
+    cmd += ["--max-restarts", str(restarts), "--threads-per-rank", "1"]
     outdir.mkdir(parents=True, exist_ok=True)
     log = open(outdir.parent / f"{outdir.name}.out", "w")  # a file, not a pipe: a full pipe would block the run
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen, outdir: Path) -> str:
@@ -206,14 +195,6 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in torch.load(out, weights_only=True).items() if k.startswith(("model.", "optim."))}
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-# -- dchag ---------------------------------------------------------------------------------------
 def dchag(*args: str, limit: int | None = None) -> subprocess.CompletedProcess:
     """``dchag ARGS`` in a subprocess; ``limit``: its file size limit in bytes (``ulimit -f``)."""
 
