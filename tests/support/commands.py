@@ -195,6 +195,7 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in torch.load(out, weights_only=True).items() if k.startswith(("model.", "optim."))}
 
 
+# -- dchag ---------------------------------------------------------------------------------------
 def dchag(*args: str, limit: int | None = None) -> subprocess.CompletedProcess:
     """``dchag ARGS`` in a subprocess; ``limit``: its file size limit in bytes (``ulimit -f``)."""
 
