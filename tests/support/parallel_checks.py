@@ -269,6 +269,12 @@ def check_data_parallel_step(
         _loss(model, x[part][:, ids], lead[part], target[part]).backward()
         opt.step()
 
+    # The global gradient norm clipping takes is the full-batch model's (the last step's gradients).
+    from dchag.parallel.parallelize import clip_grad_norm_
+
+    norm = clip_grad_norm_(model, float("inf"), mesh["tp"].get_group() if tp > 1 else None)
+    ref_norm = torch.nn.utils.clip_grad_norm_([p for p in reference.parameters() if p.grad is not None], float("inf"))
+    close(norm, ref_norm.double(), f"{dp_mode} tp={tp} {strategy}: gradient norm", rtol=1e-5)
     ref_params = dict(reference.named_parameters())
     moved = 0
     for name, p in core.named_parameters():

@@ -208,25 +208,36 @@ def tp_local_parameter(name: str, model: ChannelViT) -> bool:
 @torch.no_grad()
 def clip_grad_norm_(model: nn.Module, max_norm: float, tp_group: dist.ProcessGroup | None) -> torch.Tensor:
     """Clip by the global gradient norm over every parameter of the (parallelized) model,
-    each counted once: DTensor shards reduced over their mesh, D-CHAG's rank-local
-    parameters summed over the TP group, replicated ones taken as they are."""
+    each counted once: the squares of DTensor shards' local norms summed per mesh and sharded
+    mesh dimension and reduced over it in one all-reduce per group (not one per parameter),
+    D-CHAG's rank-local parameters summed over the TP group, replicated ones taken as they are."""
     core = unwrap(model)
-    device = next((p.grad.device for p in model.parameters() if p.grad is not None), torch.device("cpu"))
-    # Norms stay on the gradients' device: the TP all-reduce below runs there (NCCL takes no CPU tensors).
-    shared = torch.zeros((), dtype=torch.float64, device=device)
-    local = torch.zeros((), dtype=torch.float64, device=device)
-    grads = []
+    grads, sums = [], {}  # (rank-local?, mesh, its sharded dims) -> sum of squared local norms
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        g = p.grad
-        sq = torch.linalg.vector_norm(g, 2.0)
-        sq = (sq.full_tensor() if isinstance(sq, DTensor) else sq).double().to(device) ** 2
-        if tp_local_parameter(name, core):
+        grads.append(p.grad)
+        g, mesh, dims = p.grad, None, ()
+        if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):  # a pending sum: its norm needs the sum
+                g = g.redistribute(placements=[Replicate() if pl.is_partial() else pl for pl in g.placements])
+            # Every dimension not replicated holds part of the tensor (Shard and FSDP's _StridedShard).
+            mesh, dims = g.device_mesh, tuple(i for i, pl in enumerate(g.placements) if not pl.is_replicate())
+            g = g.to_local()
+        key = (tp_local_parameter(name, core), mesh, dims)
+        # Norms stay on the gradients' device: the all-reduces run there (NCCL takes no CPU tensors).
+        sums[key] = sums.get(key, 0) + torch.linalg.vector_norm(g, 2.0).double() ** 2
+    device = grads[0].device if grads else torch.device("cpu")
+    shared = torch.zeros((), dtype=torch.float64, device=device)
+    local = torch.zeros((), dtype=torch.float64, device=device)
+    # Every rank of a group reduces its sums in the same order: sorted by mesh axes and dims.
+    for (is_local, mesh, dims), sq in sorted(sums.items(), key=lambda kv: (_axes(kv[0][1]), kv[0][2], kv[0][0])):
+        for dim in dims:
+            dist.all_reduce(sq, group=mesh.get_group(dim))
+        if is_local:
             local += sq
         else:
             shared += sq
-        grads.append(g)
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
         dist.all_reduce(local, group=tp_group)
     total = torch.sqrt(shared + local)
@@ -235,3 +246,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, tp_group: dist.ProcessGro
         for g in grads:
             g.mul_(coef)
     return total
+
+
+def _axes(mesh: DeviceMesh | None) -> tuple[str, ...]:
+    return tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()

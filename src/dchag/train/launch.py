@@ -39,7 +39,9 @@ class WorkerError(DchagError, RuntimeError):
 
 RDZV_BASE_PORT = 29500
 RANK_ENTRY = str(Path(__file__).with_name("rank.py"))
-TRAINER_MODULES = ("dchag.cli", "dchag.train.trainer")  # what the ranks' fork server imports for `dchag train`
+# What the ranks' fork server imports for `dchag train`: the trainer, and torch._inductor, which
+# torch.use_deterministic_algorithms and the optimizer's first step would import in every rank.
+TRAINER_MODULES = ("dchag.cli", "dchag.train.trainer", "torch._inductor")
 
 
 def rendezvous_port(env: dict) -> int:
