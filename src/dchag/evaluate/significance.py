@@ -73,8 +73,9 @@ def combine(value_c: float, value_b: float, psi_c: np.ndarray, psi_b: np.ndarray
     if not percent:
         return value_c - value_b, psi_c - psi_b
     with np.errstate(divide="ignore", invalid="ignore"):
-        pct = 100 * (value_c - value_b) / abs(value_b)
-        return pct, 100 / abs(value_b) * psi_c - 100 * value_c / (value_b * abs(value_b)) * psi_b
+        size = np.abs(value_b)  # a numpy zero for a float: a zero score's percent change is inf/NaN, not an error
+        pct = 100 * (value_c - value_b) / size
+        return pct, 100 / size * psi_c - 100 * value_c / (value_b * size) * psi_b
 
 
 @dataclass(frozen=True)

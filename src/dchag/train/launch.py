@@ -39,9 +39,10 @@ class WorkerError(DchagError, RuntimeError):
 
 RDZV_BASE_PORT = 29500
 RANK_ENTRY = str(Path(__file__).with_name("rank.py"))
-# What the ranks' fork server imports for `dchag train`: the trainer, and torch._inductor, which
-# torch.use_deterministic_algorithms and the optimizer's first step would import in every rank.
-TRAINER_MODULES = ("dchag.cli", "dchag.train.trainer", "torch._inductor")
+TRAINER_MODULES = ("dchag.cli", "dchag.train.trainer")  # what the ranks' fork server imports for `dchag train`
+# ...and for any rank: torch.use_deterministic_algorithms and an optimizer's first step import
+# torch._inductor (1.3 CPU-s) in every rank that has not.
+RANK_MODULES = ("torch._inductor",)
 
 
 def rendezvous_port(env: dict) -> int:
@@ -178,7 +179,7 @@ def launch(
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_GRACE_S)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process
     # The server starts with the first rank, in this environment (the thread counts above included).
-    multiprocessing.set_forkserver_preload(list(preload))
+    multiprocessing.set_forkserver_preload([*preload, *RANK_MODULES])
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_exit_without_traceback)
     log.info("%s ...%s", " ".join(cmd[:6]), f" ({threads_per_rank} threads per rank)" if threads_per_rank else "")
     try:

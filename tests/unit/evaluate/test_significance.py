@@ -212,6 +212,20 @@ def _classification_map(path: Path, truth: np.ndarray, accuracy: float, seed: in
     )
 
 
+def test_a_baseline_scoring_zero_has_no_percent_change_but_is_compared(tmp_path):
+    """A baseline that predicts one class everywhere (a kappa of 0, as a short run can end):
+    the percent change of its kappa is undefined (NaN), the difference and its verdict are not."""
+    truth = np.random.default_rng(0).integers(5, size=600)
+    _classification_map(tmp_path / "good.npz", truth, 0.8, 1)
+    with np.load(tmp_path / "good.npz") as z:
+        one_class = {k: z[k] for k in z.files} | {"pred": np.ones_like(z["pred"])}
+    np.savez_compressed(tmp_path / "one_class.npz", **one_class)
+    table = compare_hsi(tmp_path / "one_class.npz", tmp_path / "good.npz", replicates=200).set_index("metric")
+    assert table.loc["kappa", "baseline_score"] == 0 and np.isnan(table.loc["kappa", "percent_change"])
+    assert table.loc["kappa", "verdict"] == "better" and table.loc["kappa", "difference"] > 0.5
+    assert np.isfinite(table.loc["overall_accuracy", "percent_change"])
+
+
 def test_hyperspectral_runs_compared_by_a_paired_bootstrap_over_test_samples(tmp_path):
     from dchag.evaluate import classification, recon
     from dchag.evaluate.hsi import tile_errors
