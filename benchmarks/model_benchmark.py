@@ -46,7 +46,8 @@ def run_worker(args) -> None:
     from dchag.config import parallel_settings
     from dchag.model import ChannelViT
     from dchag.model.build import model_config_of
-    from dchag.parallel import ParallelDims, init_distributed, parallelize_model
+    from dchag.parallel import ParallelDims, init_distributed
+    from dchag.parallel.parallelize import parallelize_model
     from dchag.train.memory import step_peak
 
     backend, device = init_distributed()

@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dchag.config import parallel_settings
 from dchag.model import ChannelViT, ModelConfig
 from dchag.model.build import model_config_of
-from dchag.parallel import ParallelDims, parallelize_model
+from dchag.parallel import ParallelDims
+from dchag.parallel.parallelize import parallelize_model
 
 RTOL = 1e-5
 

@@ -195,9 +195,8 @@ def measure_step(r, model_cfg, dims, mesh, batch: int, precision: str, steps: in
     adapted to the fake group). Returns the parameters', gradients' and optimizer state's
     bytes, each kind's bytes at the peak (MemTracker's names) and the model."""
     from ..model import ChannelViT
-    from ..parallel import parallelize_model
     from ..parallel.names import unwrap
-    from ..parallel.parallelize import autocast
+    from ..parallel.parallelize import autocast, parallelize_model
     from ..train import finetune
     from ..train.memory import step_peak
     from ..train.step import param_groups

@@ -30,7 +30,7 @@ def cmd_launch_train(args) -> None:
 
     from ..runs import resolve
     from ..train.launch import launch, node_count
-    from ..train.trainer import check_launch
+    from ..train.preflight import check_launch
 
     cfg = config(args)
     run = resolve(cfg, args.run)  # an unknown run fails here, not in every rank

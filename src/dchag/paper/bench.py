@@ -31,9 +31,9 @@ from ..bench.timing import slowest_rank_seconds
 from ..config import parallel_settings
 from ..model import ChannelViT, ModelConfig
 from ..model.build import model_config_of
-from ..parallel import ParallelDims, init_distributed, parallelize_model
+from ..parallel import ParallelDims, init_distributed
 from ..parallel.dims import collective_device
-from ..parallel.parallelize import autocast, resolve_precision
+from ..parallel.parallelize import autocast, parallelize_model, resolve_precision
 from ..train.memory import KINDS, MIB, step_peak
 from ..train.tasks import Task
 from ..vocabulary import VARIANTS, MeshAxis

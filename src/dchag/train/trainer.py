@@ -32,18 +32,19 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from .. import jsonio, provenance
-from ..config import ConfigError, settings
+from ..config import ConfigError
 from ..errors import DchagError
 from ..model import ChannelViT
-from ..parallel import ParallelDims, init_distributed, parallelize_model
+from ..parallel import ParallelDims, init_distributed
 from ..parallel.names import unwrap
-from ..parallel.parallelize import autocast, resolve_precision
+from ..parallel.parallelize import autocast, parallelize_model, resolve_precision
 from ..vocabulary import Aggregation, MeshAxis, Strategy
 from . import checkpoint as ckpt
 from . import finetune, state, tracking
-from .data import DataError, ResumableSampler, collate
+from .data import ResumableSampler, collate
 from .lock import RunLock, die_with_parent
 from .metrics import MetricsLogger, StepInstruments, gather_rank_values
+from .preflight import check_splits, resolve_run
 from .step import NonFiniteError, TrainStep, lr_lambda, param_groups
 from .stop import StopOnSignal, Stopped, ignore_in_worker
 from .tasks import build_task
@@ -62,12 +63,9 @@ class Trainer:
         stores: dict[str, str | Path],
         init_from: str | Path | None = None,
     ):
-        from ..checks import check_run
-
-        config = _with_init_from(config, run, init_from)
         world = int(os.environ.get("WORLD_SIZE", 1))  # what the plan checks, for a run started by hand
         # checked and resolved once: the run's settings from here on
-        self.cfg = check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world).settings
+        config, self.cfg = resolve_run(config, run, init_from, world)
         self.full_config = config
         self.out = Path(outdir)
         t, par = self.cfg.train, self.cfg.parallel
@@ -396,67 +394,6 @@ class Trainer:
         tmp = self.out / ".run.json.tmp"
         tmp.write_text(jsonio.dumps(info, indent=1))
         tmp.replace(self.out / "run.json")
-
-
-def _with_init_from(config: dict, run: str, init_from: str | Path | None) -> dict:
-    """The config with the run's init_from set to the model folder it starts from: a run
-    named there is exported by the pipeline and given as ``--init-from``."""
-    runs = config.get("train", {}).get("runs", {})
-    spec = runs.get(run)
-    if spec is None:
-        return config
-    named = spec.get("init_from")
-    if init_from is None:
-        if named is not None and named in runs:
-            raise ConfigError(f"run {run!r} starts from run {named!r}: give its model folder (--init-from DIR)")
-        return config
-    out = {**config, "train": {**config["train"], "runs": {**runs, run: {**spec, "init_from": str(init_from)}}}}
-    return out
-
-
-def check_splits(task, train: int, val: int, dp: int, batch: int) -> None:
-    """Every data-parallel rank gets a training batch and a validation sample (an empty
-    validation split would make the validation loss undefined, found only at its first step)."""
-    if train // dp < batch:
-        raise DataError(
-            f"{train} training samples ({task.where('train')}) over {dp} data-parallel ranks is less "
-            f"than one batch of {batch}"
-        )
-    if val // dp == 0:
-        raise DataError(
-            f"the validation split ({task.where('val')}) has {val} samples, fewer than one for each of the {dp} "
-            "data-parallel rank(s): the validation loss would be undefined"
-        )
-
-
-def check_launch(
-    config: dict,
-    run: str,
-    outdir: str | Path,
-    stores: dict[str, str | Path],
-    init_from: str | Path | None,
-    world_size: int,
-    lock: bool = True,
-) -> None:
-    """What `dchag launch-train` checks before torchrun starts, as every rank would: the run's
-    config for ``world_size`` processes, the model against this node's memory, the stores
-    present and readable with data for a batch and for validation, then (``lock``) the run
-    directory free; its lock is not kept: rank 0 takes it. A failed check leaves nothing."""
-    from ..checks import check_model_size, check_run
-    from ..jobs import node_memory_mb
-    from ..layout import data_parallel_size
-
-    config = _with_init_from(config, run, init_from)
-    cfg = check_run(settings(config), run, config.get("train", {}).get("runs", {}), world_size=world_size).settings
-    check_model_size(f"train.runs.{run}", cfg, *node_memory_mb())
-    tracking.check(cfg, outdir)
-    task = build_task(cfg, stores)
-    every = list(range(task.model_cfg.in_channels))
-    sizes = [len(task.dataset(split, every, cfg.train.seed, cache=False)) for split in ("train", "val")]
-    dp = data_parallel_size(cfg.parallel.tp, cfg.parallel.data_parallel, world_size)
-    check_splits(task, *sizes, dp, cfg.train.batch_size)
-    if lock:
-        RunLock(outdir).check_free()
 
 
 def _earlier_error(outdir: Path) -> str | None:

@@ -253,7 +253,7 @@ def test_init_from_a_crafted_folder_is_refused_at_plan_time(exported, tmp_path):
 
 def test_model_sizes_beyond_the_memory_of_the_node_are_refused(exported, tmp_path):
     from dchag.checks import check_model_size
-    from dchag.train.trainer import check_launch
+    from dchag.train.preflight import check_launch
 
     section = exported[1]
     wide = {**MODEL, "embed_dim": 1024, "depth": 8, "num_heads": 2}  # 400 MB of blocks
