@@ -117,8 +117,11 @@ def pytest_collection_modifyitems(config, items):
 
 def _cpu_seconds() -> float:
     """User + system CPU seconds of this worker and of every process it has waited for (a
-    snakemake's jobs and torchrun's ranks included: each parent waits for its children)."""
-    return sum(
+    snakemake's jobs and torchrun's ranks included: each parent waits for its children), and
+    of the gloo ranks of :func:`support.distributed.run_distributed` (its fork server's children)."""
+    from support.distributed import RANKS_CPU
+
+    return RANKS_CPU[0] + sum(
         u.ru_utime + u.ru_stime
         for u in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     )

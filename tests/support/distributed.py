@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -16,7 +19,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn, args) -> None:
+RANKS_CPU = [0.0]  # CPU seconds of the ranks this process ran: children of their fork server, not of ours
+
+
+def _worker(rank: int, world_size: int, port: int, fn, args, report: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
     )
@@ -27,6 +33,8 @@ def _worker(rank: int, world_size: int, port: int, fn, args) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        Path(report, f"{rank}.cpu").write_text(str(u.ru_utime + u.ru_stime))
 
 
 # The ranks fork from one server process (per test process) that has imported torch and the
@@ -48,6 +56,14 @@ mp.set_forkserver_preload(
 
 def run_distributed(fn, world_size: int, *args) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; a failure on any rank fails."""
-    mp.start_processes(
-        _worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True, start_method="forkserver"
-    )
+    with tempfile.TemporaryDirectory() as report:
+        try:
+            mp.start_processes(
+                _worker,
+                args=(world_size, free_port(), fn, args, report),
+                nprocs=world_size,
+                join=True,
+                start_method="forkserver",
+            )
+        finally:  # what the ranks cost counts as this test's (tests/conftest.py: cpu_s)
+            RANKS_CPU[0] += sum(float(f.read_text()) for f in Path(report).glob("*.cpu"))
