@@ -206,13 +206,12 @@ def compare_hsi(
     for (metric, region, f), parts in zip(metrics, resampled, strict=True):
         s_b, s_c = float(f(b, everything)), float(f(c, everything))
         r_b, r_c = (np.concatenate(p) for p in parts)
-        # A percent change of a zero score (a kappa of 0: a run that predicts one class) is
-        # undefined: NaN, and the resamples whose baseline is 0 drop out of its interval.
+        # resamples whose baseline is 0 have no percent change and drop out of its interval
         with np.errstate(divide="ignore", invalid="ignore"):
             est = {
                 "difference": significance.Bootstrap(s_c - s_b, r_c - r_b),
                 "percent": significance.Bootstrap(
-                    100 * (s_c - s_b) / abs(s_b) if s_b else np.nan, 100 * (r_c - r_b) / np.abs(r_b)
+                    100 * (s_c - s_b) / significance.magnitude(s_b), 100 * (r_c - r_b) / significance.magnitude(r_b)
                 ),
             }
         row = {"task": task, "region": region, "metric": metric, "baseline_score": s_b, "candidate_score": s_c}

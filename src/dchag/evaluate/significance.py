@@ -68,12 +68,18 @@ def linearise(metric: Metric, s: dict[str, np.ndarray], batch_size: int | None =
     return float(metric.of_units(u, batch_size)), psi
 
 
+def magnitude(value):
+    """|value|, NaN where it is 0: the percent change of a zero score (a kappa of 0) is undefined."""
+    size = np.abs(value)
+    return np.where(size == 0, np.nan, size)[()]
+
+
 def combine(value_c: float, value_b: float, psi_c: np.ndarray, psi_b: np.ndarray, percent: bool):
     """The difference candidate - baseline (or 100 (c - b) / |b|) and its influence values."""
     if not percent:
         return value_c - value_b, psi_c - psi_b
     with np.errstate(divide="ignore", invalid="ignore"):
-        size = np.abs(value_b)  # a numpy zero for a float: a zero score's percent change is inf/NaN, not an error
+        size = magnitude(value_b)
         pct = 100 * (value_c - value_b) / size
         return pct, 100 / size * psi_c - 100 * value_c / (value_b * size) * psi_b
 
