@@ -138,7 +138,7 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """Each test's CPU seconds (setup, call and teardown), as the property ``cpu_s`` of its
-    JUnit record: with 5 workers on 2 cores a test's wall time tells more about its neighbours
+    JUnit record: with other workers on the same cores a test's wall time tells more about its neighbours
     than about itself; CPU time is what the suite's length is made of."""
     try:
         return (yield)
