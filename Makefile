@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= 2
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= $(CORES)
 # torch goes in first, so that dchag's range (torch>=2.10 in pyproject.toml) is already met and
 # pip adds no other build: by default the CPU wheel of 2.13.0 (pip takes it from this machine's
 # disk and CI's; a bare `pip install -e .` into an empty venv would take a CUDA build of several
@@ -27,9 +27,9 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --cores $(CORES)
 
 # The test suite, exactly as CI runs it (.ci/run): one pytest-xdist worker per core (TEST_WORKERS,
-# CI's two; more workers than cores oversubscribe them: measured on CI's 2 cores, the same code
-# one run after another, 5 workers 1130 s and 1.2x the CPU seconds of 2 workers' 898 s, see
-# benchmarks/results/test_workers.md), the tests marked `minutes` first, longest first, then
+# CORES by default, CI's two; more workers than cores oversubscribe them: measured on CI's 2 cores,
+# the same code one run after another, 5 workers 1130 s and 1.3x the tests' CPU seconds of 2
+# workers' 898 s, see benchmarks/results/test_workers.md), the tests marked `minutes` first, longest first, then
 # tests/integration/, then tests/unit/ (tests/conftest.py orders them). `make test-quick` runs
 # tests/unit/ alone.
 test: lint
