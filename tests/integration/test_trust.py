@@ -367,39 +367,44 @@ def test_one_writer_per_run_and_workers_die_with_their_launcher(data_root, tmp_p
     out = tmp_path / "run"
     # long enough to outlast the second start under any load (it is killed below; 400 steps took 31 s)
     first = torchrun(run_config(base, steps=100_000, checkpoint_every=100, val_every=100), out, root)
-    from dchag.train.lock import RunLock
+    try:
+        from dchag.train.lock import RunLock
 
-    def training() -> bool:  # a live worker (rank 0) wrote itself into the lock and the steps have begun
-        if first.poll() is not None:
-            return False
+        def training() -> bool:  # a live worker (rank 0) wrote itself into the lock and the steps have begun
+            if first.poll() is not None:
+                return False
+            lock = out / ".lock"
+            holder = lock.read_text() if lock.exists() else ""
+            return (out / "log.csv.partial").exists() and any(f"pid {w} " in holder for w in ranks(first.pid))
+
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None and not training():
+            time.sleep(0.2)
+        if not training():
+            first.kill()  # a run of 100 000 steps would not end by itself in finish()'s time
+            pytest.fail(finish(first, out)[-3000:])
+        workers = ranks(first.pid)
+        assert len(workers) == 2, workers
+        second = train_once(run_config(base, steps=100_000), tmp_path, root)  # the same run directory (tmp_path/run)
+        assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr[-2000:]
+        assert "Traceback" not in second.stderr
+        os.kill(first.pid, signal.SIGKILL)  # the launcher, as a cluster's job kill or an OOM killer does
+        first.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
+            time.sleep(0.2)
+        alive = [
+            w for w in workers if Path(f"/proc/{w}").exists() and "zombie" not in Path(f"/proc/{w}/status").read_text()
+        ]
+        assert not alive, f"workers {alive} outlived their launcher"
+        # the lock died with them: the run can be resumed at once
         lock = out / ".lock"
-        holder = lock.read_text() if lock.exists() else ""
-        return (out / "log.csv.partial").exists() and any(f"pid {w} " in holder for w in ranks(first.pid))
-
-    deadline = time.time() + 300
-    while time.time() < deadline and first.poll() is None and not training():
-        time.sleep(0.2)
-    if not training():
-        first.kill()  # a run of 100 000 steps would not end by itself in finish()'s time
-        pytest.fail(finish(first, out)[-3000:])
-    workers = ranks(first.pid)
-    assert len(workers) == 2, workers
-    second = train_once(run_config(base, steps=100_000), tmp_path, root)  # the same run directory (tmp_path/run)
-    assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr[-2000:]
-    assert "Traceback" not in second.stderr
-    os.kill(first.pid, signal.SIGKILL)  # the launcher, as a cluster's job kill or an OOM killer does
-    first.wait()
-    deadline = time.time() + 30
-    while time.time() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
-        time.sleep(0.2)
-    alive = [
-        w for w in workers if Path(f"/proc/{w}").exists() and "zombie" not in Path(f"/proc/{w}/status").read_text()
-    ]
-    assert not alive, f"workers {alive} outlived their launcher"
-    # the lock died with them: the run can be resumed at once
-    lock = out / ".lock"
-    RunLock(out).check_free()
-    assert lock.exists()
+        RunLock(out).check_free()
+        assert lock.exists()
+    finally:  # a failed check must not leave a run of 100 000 steps behind (it would train on for an hour)
+        if first.poll() is None:
+            first.kill()
+            first.wait()
 
 
 @pytest.fixture
