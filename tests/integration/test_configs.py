@@ -208,7 +208,7 @@ def test_readme_dchag_subcommands_exist():
                 assert words[i + 1] in subcommands, cmd
 
 
-@pytest.mark.minutes(1.5)
+@pytest.mark.minutes(0.75)
 def test_a_users_own_one_dataset_config_runs_through_training_and_scoring(tmp_path):
     """Another grid (2.8125 deg), another channel set, one run, the user's netCDF files: the
     whole pipeline from `snakemake --configfile mine.yaml`, nothing of the demo built. The

@@ -17,7 +17,7 @@ import pytest
 from support import REPO
 
 
-@pytest.mark.minutes(3)
+@pytest.mark.minutes(1.5)
 def test_gpu_check_rehearses_the_device_run_on_the_cpu(tmp_path):
     device_out = tmp_path / "device_out"  # what $OUT is in a device call
     device_out.mkdir()

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 import yaml
@@ -23,7 +22,7 @@ RUN = "forecast-dchag"
 why_not = slurm_cluster.available()
 if why_not and os.environ.get("DCHAG_REQUIRE_SLURM"):
     raise RuntimeError(f"DCHAG_REQUIRE_SLURM is set but a Slurm test cluster cannot start: {why_not}")
-pytestmark = [pytest.mark.minutes(7), pytest.mark.skipif(why_not is not None, reason=f"Slurm test cluster: {why_not}")]
+pytestmark = [pytest.mark.minutes(2), pytest.mark.skipif(why_not is not None, reason=f"Slurm test cluster: {why_not}")]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +38,7 @@ def small_config(path: Path) -> Path:
     cfg.pop("hsi")
     cfg["era5"].update(years={"train": [2016], "val": [2017], "test": [2018]}, demo_days=45)
     cfg["train"].update(steps=40, checkpoint_every=10, val_every=20, runs={RUN: {"task": "forecast"}})
-    cfg["evaluate"] = {"lead_hours": [168], "conventions": ["wb2"]}
+    cfg["evaluate"] = {"lead_hours": [168], "conventions": ["wb2"]}  # no comparison: one forecast run
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -54,12 +53,9 @@ def env_with_profile(tmp_path: Path) -> dict:
     return env
 
 
-# What the test checks, not `all` (figures, the climatology forecast, the summary): CI's time.
-TARGETS = [
-    f"results/demo/train/{RUN}/final",
-    f"results/demo/eval/era5/scores_{RUN}_wb2.csv",
-    "results/demo/eval/era5/scores_persistence_wb2.csv",
-]
+# What the test checks, not `all`: the preprocessing jobs and the training (evaluation's jobs are
+# jobs like the preprocessing's, with the default resources: CI's time).
+TARGETS = [f"results/demo/train/{RUN}/final"]
 SLURM_ARGS = [
     "--profile",
     "slurm",
@@ -139,7 +135,7 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     # resubmits it (profile: retries), the new job resumes from the checkpoint.
     ckpt = remote / "results" / "demo" / "train" / RUN / "checkpoints" / "step_10" / ".metadata"
     cancelled = reference = None
-    deadline = time.time() + 1800  # a safety limit, not a timing: under CI's load the run takes ~10 min
+    deadline = time.time() + 1800  # a safety limit, not a timing: under CI's load the run takes ~2 min
     while run.poll() is None and time.time() < deadline:
         if cancelled is None and ckpt.exists():
             jobs = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True).stdout.split("\n")
@@ -166,11 +162,6 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
     a = _final_tensors(local / "results" / "demo" / "train" / RUN)
     b = _final_tensors(remote / "results" / "demo" / "train" / RUN)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    for name in (f"scores_{RUN}_wb2.csv", "scores_persistence_wb2.csv"):
-        scores = pd.read_csv(remote / "results" / "demo" / "eval" / "era5" / name)
-        scores = scores[scores.region == "global"]  # WeatherBench 2's regions: the global rows
-        rmse = scores[scores.metric == "rmse"].value
-        assert len(rmse) == 5 and rmse.gt(0).all(), scores  # z500, t850, t2m, u10, v10 at 7 days
     # Training ran inside a Slurm allocation: one Slurm log per job, the training job's among them.
     assert list((remote / "logs" / "slurm").rglob("*.log")), "no Slurm job logs"
 

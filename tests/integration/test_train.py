@@ -540,7 +540,7 @@ def test_single_process_groups_need_no_port():
     assert [o.strip().splitlines()[-1] for o, _ in outs] == ["1", "1"]
 
 
-@pytest.mark.minutes(1)
+@pytest.mark.minutes(0.5)
 def test_two_nodes_as_srun_starts_them_train_as_one_four_rank_group(data_root, tmp_path):
     """Two `dchag launch-train` agents, one per "node", started with the environment srun gives
     one task per node (SLURM_*; c10d rendezvous on the first node), form one 4-rank group —

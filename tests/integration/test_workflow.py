@@ -83,7 +83,7 @@ def foundation_runs() -> str:
     return yaml.safe_dump({"train": {"runs": runs}, "evaluate": {"foundation": foundation}})
 
 
-@pytest.mark.minutes(10)
+@pytest.mark.minutes(5.5)
 def test_demo_pipeline_produces_normalised_stores(tmp_path):
     """The demo as `make demo` runs it with the foundation-model experiment's runs added
     (config/foundation.yaml's), cut for CI's time (the full demo is timed in
@@ -164,7 +164,7 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     check_verification(tmp_path / "results" / "demo")
 
 
-@pytest.mark.minutes(3.5)
+@pytest.mark.minutes(2)
 def test_paper_sweep_measures_every_point_and_draws_its_figures(tmp_path):
     """The paper target, cut down (CI's CPU sweep): every point one torchrun job, every
     memory/throughput figure drawn from them beside the published values, and the report."""
