@@ -239,3 +239,44 @@ def test_hub_push_and_pull_end_in_one_line_and_leave_nothing(forecast_model, tmp
     assert "cannot pull the Hugging Face Hub repository 'o/m'" in err and "Connection refused" in err
     assert "repository 'bad id!'" in dchag("pull-model", "--repo", "bad id!", "--output", str(out))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no folder, no temporary, no cache
+
+
+LEAK = """
+import multiprocessing as mp
+import os
+import sys
+
+
+def leak():
+    lock = mp.get_context("forkserver").Lock()  # a named semaphore, registered with the tracker
+    os._exit(0 if lock else 1)  # no finalizer runs: left to the tracker, as by a rank ended by a signal
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "launcher":
+        from dchag.train.launch import start_quiet_resource_tracker
+
+        start_quiet_resource_tracker()
+    p = mp.get_context("forkserver").Process(target=leak)
+    p.start()
+    p.join()
+    print("the launcher's last line", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("started_by", ["launcher", "default"])
+def test_a_killed_ranks_semaphores_add_no_line_after_the_launchers(tmp_path, started_by):
+    """A forked rank that dies holding a multiprocessing lock (tqdm's, numcodecs' Blosc lock)
+    leaves its semaphore to the resource tracker, which warns once the launcher has ended: the
+    launcher starts it quiet (else the warning follows its one-line error), and it still removes
+    the semaphore."""
+    script = tmp_path / "leak.py"
+    script.write_text(LEAK)
+    shm = Path("/dev/shm")
+    before = set(shm.glob("sem.mp-*"))
+    proc = subprocess.run([sys.executable, str(script), started_by], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    warned = "leaked semaphore" in proc.stderr
+    assert warned == (started_by == "default"), proc.stderr  # the default shows the case is real
+    assert proc.stderr.strip().splitlines()[-1 if started_by == "launcher" else 0] == "the launcher's last line"
+    assert set(shm.glob("sem.mp-*")) <= before  # removed all the same

@@ -180,6 +180,7 @@ def launch(
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process
     # The server starts with the first rank, in this environment (the thread counts above included).
     multiprocessing.set_forkserver_preload([*preload, *RANK_MODULES])
+    start_quiet_resource_tracker()
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_exit_without_traceback)
     log.info("%s ...%s", " ".join(cmd[:6]), f" ({threads_per_rank} threads per rank)" if threads_per_rank else "")
     try:
@@ -193,6 +194,26 @@ def launch(
         raise WorkerError(f"stopped by {err.sigval.name}; {_newest_checkpoint(train_args)}") from None
     finally:
         _stop_fork_server()
+
+
+def start_quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker without its leak warnings. In a rank forked by
+    the server, a multiprocessing lock (tqdm's, numcodecs' Blosc lock) is a named semaphore
+    that the tracker removes when the rank could not (a rank that torchrun ended by a signal
+    after another failed); its "leaked semaphore objects" warning would then come after the
+    launcher's one-line error, from the tracker's own process. The tracker still removes them."""
+    from multiprocessing import resource_tracker
+
+    before = os.environ.get("PYTHONWARNINGS")
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = f"{before},{quiet}" if before else quiet
+    try:
+        resource_tracker.ensure_running()  # its process reads PYTHONWARNINGS; nothing else does
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
 
 
 def _exit_without_traceback(record: logging.LogRecord) -> bool:
