@@ -110,8 +110,7 @@ def _failing_run(config: Path, env: dict, work: Path) -> subprocess.Popen:
     for year in (2016, 2017, 2018):
         (work / "raw" / f"era5_{year}.nc").write_text("not netCDF")
     (work / "bad.yaml").write_text(yaml.safe_dump(cfg))
-    weights = "results/demo/era5/weights/bilinear_5.625deg.nc"
-    cmd = snakemake_command(work, weights, *SLURM_ARGS, "--retries", "0", configfile=work / "bad.yaml")
+    cmd = snakemake_command(work, "era5_weights", *SLURM_ARGS, "--retries", "0", configfile=work / "bad.yaml")
     return subprocess.Popen(cmd, env=env, stdout=open(work.parent / "failing.log", "w"), stderr=subprocess.STDOUT)
 
 

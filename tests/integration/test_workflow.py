@@ -280,8 +280,7 @@ def check_a_store_of_an_earlier_format_is_rewritten(workdir: Path, configfile: l
     record.write_text(json.dumps(meta))
     try:
         plan = snakemake(workdir, "-n", "--quiet", "rules", configfile=configfile)
-        planned = {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", plan.stdout + plan.stderr, re.M)}
-        assert {"era5_split", "train", "forecast"} <= planned, plan.stdout + plan.stderr
+        assert {"era5_split", "train", "forecast"} <= set(planned(plan.stdout + plan.stderr)), plan.stdout + plan.stderr
     finally:
         record.write_text(saved)
 
