@@ -17,7 +17,7 @@ import torch
 import xarray as xr
 import yaml
 from support import BIN, once
-from support.commands import finish, run_config, torchrun
+from support.commands import finish, launch_train, run_config
 from support.distributed import run_distributed
 from support.hsi import hsi_model
 
@@ -54,7 +54,7 @@ def trained(data_root, tmp_path_factory):
 
     def make(out):
         for name, c in runs.items():
-            proc = torchrun(c, out / name, root)
+            proc = launch_train(c, out / name, root)
             log = finish(proc, out / name)
             assert proc.returncode == 0, log[-3000:]
             # exported through an overlay as a user trains through one: the run in its own

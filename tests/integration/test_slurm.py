@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from support import REPO, slurm_cluster
-from support.commands import snakemake_command
+from support.commands import snakemake_command, started
 
 RUN = "forecast-dchag"
 
@@ -96,7 +96,7 @@ def _reference_run(remote: Path, local: Path, env: dict, log: Path) -> subproces
     cmd += ["--output", str(local / "results" / "demo" / "train" / RUN)]
     cmd += ["--train-data", str(era5 / "train.zarr"), "--val-data", str(era5 / "val.zarr")]
     cmd += ["--nproc", "2", "--max-restarts", "0", "--threads-per-rank", "1"]
-    return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return started(cmd, log, env=env)
 
 
 def _failing_run(config: Path, env: dict, work: Path) -> subprocess.Popen:
@@ -111,7 +111,7 @@ def _failing_run(config: Path, env: dict, work: Path) -> subprocess.Popen:
         (work / "raw" / f"era5_{year}.nc").write_text("not netCDF")
     (work / "bad.yaml").write_text(yaml.safe_dump(cfg))
     cmd = snakemake_command(work, "era5_weights", *SLURM_ARGS, "--retries", "0", configfile=work / "bad.yaml")
-    return subprocess.Popen(cmd, env=env, stdout=open(work.parent / "failing.log", "w"), stderr=subprocess.STDOUT)
+    return started(cmd, work.parent / "failing.log", env=env)
 
 
 def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tmp_path):
@@ -122,13 +122,8 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
         d.mkdir()
         (d / "small.yaml").write_text(config.read_text())
     failing = _failing_run(config, env, tmp_path / "failing")
-    log = open(tmp_path / "slurm_run.log", "w")
-    run = subprocess.Popen(
-        snakemake_command(remote, *TARGETS, *SLURM_ARGS, configfile=config),
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
+    run = started(
+        snakemake_command(remote, *TARGETS, *SLURM_ARGS, configfile=config), tmp_path / "slurm_run.log", env=env
     )
     # Cancel the training job once it has written a checkpoint: Slurm ends it, Snakemake
     # resubmits it (profile: retries), the new job resumes from the checkpoint.
@@ -146,7 +141,6 @@ def test_pipeline_on_slurm_equals_local_and_survives_a_cancelled_job(cluster, tm
         time.sleep(1)
     if run.poll() is None:
         run.kill()
-    log.close()
     out = (tmp_path / "slurm_run.log").read_text()
     assert run.returncode == 0, out[-4000:]
     assert cancelled is not None, "the training job was never seen running with a checkpoint"

@@ -14,16 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from support.commands import run_config
+from support.commands import launch_train_command, run_config
 
 from dchag.train.lock import RunLock
 
 
-def launch_train(cfg: dict, out: Path, train: Path, val: Path, nproc: int = 1) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "dchag", "launch-train", "--config", json.dumps(cfg), "--run-name", "f"]
-    cmd += ["--output", str(out), "--train-data", str(train), "--val-data", str(val), "--nproc", str(nproc)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+def launch_train_to_end(cfg: dict, out: Path, train: Path, val: Path, nproc: int = 1) -> subprocess.CompletedProcess:
+    """`dchag launch-train` of run "f" to its end."""
+    return subprocess.run(
+        launch_train_command(cfg, out, train, val, nproc), capture_output=True, text=True, timeout=300
+    )
 
 
 def last_line(proc: subprocess.CompletedProcess) -> str:
@@ -46,7 +46,7 @@ def test_a_workers_error_ends_launch_train_in_its_one_line(data_root, tmp_path):
     data = zarr.open_array(store=str(train), path="data", mode="r+")
     data[:, 0] = np.nan
     cfg = run_config(base, steps=2, val_every=2, max_restarts=0)
-    proc = launch_train(cfg, tmp_path / "run", train, root / "era5" / "val.zarr", nproc=2)
+    proc = launch_train_to_end(cfg, tmp_path / "run", train, root / "era5" / "val.zarr", nproc=2)
     one_line_error(proc, "run f: step 1: loss nan, gradient norm nan on this rank")
     assert "dchag train: error:" in proc.stderr  # the worker's own line: the error was met there
     assert str(train) in last_line(proc)
@@ -61,16 +61,16 @@ def test_launch_train_checks_before_torchrun_starts(data_root, tmp_path):
     cfg = run_config(base, steps=2)
     out = tmp_path / "run"
     with RunLock(out):
-        proc = launch_train(cfg, out, train, val, nproc=2)
+        proc = launch_train_to_end(cfg, out, train, val, nproc=2)
     one_line_error(proc, f"run directory {out} is in use by pid {os.getpid()}")
     assert "dchag train" not in proc.stderr and "torch.distributed" not in proc.stderr
 
     out = tmp_path / "other"
-    proc = launch_train(cfg, out, tmp_path / "nowhere.zarr", val, nproc=2)
+    proc = launch_train_to_end(cfg, out, tmp_path / "nowhere.zarr", val, nproc=2)
     one_line_error(proc, f"Zarr store not found: {tmp_path / 'nowhere.zarr'}")
     assert "dchag train" not in proc.stderr
 
-    proc = launch_train(cfg, out, train, val, nproc=1)  # tp 2 in one process
+    proc = launch_train_to_end(cfg, out, train, val, nproc=1)  # tp 2 in one process
     one_line_error(proc, "world size 1 is not a multiple of the tensor-parallel size tp=2")
     assert "dchag train" not in proc.stderr
     assert not out.exists()  # nothing left
@@ -152,7 +152,7 @@ def test_an_empty_validation_split_is_named_before_training(tmp_path):
     cfg = _hsi_config({"mae": {"images": images, "tile": 16}}, {"f": {"task": "mae"}})
     message = f"the validation split (group 'val' of {store}) has 0 samples"
 
-    proc = launch_train(cfg, tmp_path / "run", store, store)
+    proc = launch_train_to_end(cfg, tmp_path / "run", store, store)
     one_line_error(proc, message)
     assert "dchag train" not in proc.stderr  # before torchrun started
 

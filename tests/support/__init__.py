@@ -1,5 +1,5 @@
 """What the tests share (tests/ is on the import path: pyproject.toml's pytest ``pythonpath``):
-the checkout's paths here; commands (snakemake, torchrun, dchag) in ``commands``; small inputs
+the checkout's paths here; commands (snakemake, dchag launch-train, dchag) in ``commands``; small inputs
 written by the real writers in ``era5``, ``era5_layouts``, ``hsi`` and ``hsi_products``; gloo
 ranks in ``distributed``; the Slurm test cluster and the report's browser check."""
 

@@ -1,4 +1,4 @@
-"""The commands the tests run as a user types them: snakemake, torchrun, dchag."""
+"""The commands the tests run as a user types them: snakemake, dchag launch-train, dchag."""
 
 from __future__ import annotations
 
@@ -152,18 +152,33 @@ def train_args(cfg: dict, outdir: Path, root: Path) -> list[str]:
     return ["train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir), *store_args(root)]
 
 
-def torchrun(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
-    """``dchag launch-train`` (torchrun's agent; see :mod:`dchag.train.launch`) of run "f" of ``cfg``
-    into ``outdir`` on ``nproc`` ranks, one math thread each, started (see :func:`finish`)."""
-    cmd = [str(BIN / "dchag"), "launch-train", *train_args(cfg, outdir, root)[1:], "--nproc", str(nproc)]
-    cmd += ["--max-restarts", str(restarts), "--threads-per-rank", "1"]
+def launch_train_command(
+    cfg: dict, outdir: Path, train: Path, val: Path, nproc: int, restarts: int | None = None
+) -> list[str]:
+    """``dchag launch-train`` (torchrun's agent; see :mod:`dchag.train.launch`) of run "f" of
+    ``cfg`` into ``outdir`` on the ``train``/``val`` stores, ``nproc`` ranks of one math thread
+    each; ``restarts``: ``--max-restarts`` (the config's when None)."""
+    cmd = [str(BIN / "dchag"), "launch-train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir)]
+    cmd += ["--train-data", str(train), "--val-data", str(val), "--nproc", str(nproc), "--threads-per-rank", "1"]
+    return cmd + (["--max-restarts", str(restarts)] if restarts is not None else [])
+
+
+def started(cmd: list[str], log: Path, **popen) -> subprocess.Popen:
+    """``cmd`` started in the background, its stdout and stderr into the file ``log`` (a file,
+    not a pipe: a full pipe would block the process)."""
+    with open(log, "w") as out:  # the child holds its own copy
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **popen)
+
+
+def launch_train(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: int = 1) -> subprocess.Popen:
+    """:func:`launch_train_command` on the stores under ``root``, started (see :func:`finish`)."""
     outdir.mkdir(parents=True, exist_ok=True)
-    log = open(outdir.parent / f"{outdir.name}.out", "w")  # a file, not a pipe: a full pipe would block the run
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    train, val = root / "era5" / "train.zarr", root / "era5" / "val.zarr"
+    return started(launch_train_command(cfg, outdir, train, val, nproc, restarts), outdir.parent / f"{outdir.name}.out")
 
 
 def finish(proc: subprocess.Popen, outdir: Path) -> str:
-    """Wait for a :func:`torchrun` run; its console output."""
+    """Wait for a :func:`launch_train` run; its console output."""
     proc.wait(timeout=300)
     return (outdir.parent / f"{outdir.name}.out").read_text()
 

@@ -17,7 +17,7 @@ from dchag.config import parallel_settings
 from dchag.model import ChannelViT, ModelConfig
 from dchag.model.build import model_config_of
 from dchag.parallel import ParallelDims
-from dchag.parallel.parallelize import parallelize_model
+from dchag.parallel.parallelize import clip_grad_norm_, parallelize_model
 
 RTOL = 1e-5
 
@@ -165,8 +165,6 @@ def check_tp_matches_one_device(
         )
         # Clipping by the global norm: the parallel model's norm is the one-device model's
         # (each parameter counted once), and so are the clipped gradients.
-        from dchag.parallel.parallelize import clip_grad_norm_
-
         norm = clip_grad_norm_(model, 1e-3, mesh["tp"].get_group())
         ref_norm = torch.nn.utils.clip_grad_norm_([p for p in reference.parameters() if p.grad is not None], 1e-3)
         close(norm, ref_norm.double(), f"{case} gradient norm")
@@ -271,7 +269,6 @@ def check_data_parallel_step(
         opt.step()
 
     # The global gradient norm clipping takes is the full-batch model's (the last step's gradients).
-    from dchag.parallel.parallelize import clip_grad_norm_
 
     norm = clip_grad_norm_(model, float("inf"), mesh["tp"].get_group() if tp > 1 else None)
     ref_norm = torch.nn.utils.clip_grad_norm_([p for p in reference.parameters() if p.grad is not None], float("inf"))

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .commands import started
+
 CONF = Path("/etc/slurm/slurm.conf")
 
 
@@ -123,14 +125,8 @@ def cluster(state: Path):
         if default.is_symlink() or default.exists():
             default.unlink()
         default.symlink_to(socket_path)
-        procs.append(
-            subprocess.Popen(
-                ["slurmctld", "-D", "-i"], env=env, stdout=open(state / "ctld.out", "w"), stderr=subprocess.STDOUT
-            )
-        )
-        procs.append(
-            subprocess.Popen(["slurmd", "-D"], env=env, stdout=open(state / "d.out", "w"), stderr=subprocess.STDOUT)
-        )
+        procs.append(started(["slurmctld", "-D", "-i"], state / "ctld.out", env=env))
+        procs.append(started(["slurmd", "-D"], state / "d.out", env=env))
         _wait(
             lambda: "idle" in subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout,
             "the node to become idle",
