@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from support import REPO, slurm_cluster
-from support.commands import snakemake_command, started
+from support.commands import launch_train_command, snakemake_command, started
 
 RUN = "forecast-dchag"
 
@@ -92,10 +92,8 @@ def _reference_run(remote: Path, local: Path, env: dict, log: Path) -> subproces
     run goes on: its stores are complete once its training has checkpointed)."""
     (run_config,) = (remote / ".snakemake" / "dchag-config").glob(f"run-{RUN}-*.json")
     era5 = remote / "results" / "demo" / "era5"
-    cmd = [sys.executable, "-m", "dchag", "launch-train", "--config", str(run_config), "--run-name", RUN]
-    cmd += ["--output", str(local / "results" / "demo" / "train" / RUN)]
-    cmd += ["--train-data", str(era5 / "train.zarr"), "--val-data", str(era5 / "val.zarr")]
-    cmd += ["--nproc", "2", "--max-restarts", "0", "--threads-per-rank", "1"]
+    out = local / "results" / "demo" / "train" / RUN
+    cmd = launch_train_command(run_config, out, era5 / "train.zarr", era5 / "val.zarr", 2, restarts=0, run=RUN)
     return started(cmd, log, env=env)
 
 

@@ -153,12 +153,13 @@ def train_args(cfg: dict, outdir: Path, root: Path) -> list[str]:
 
 
 def launch_train_command(
-    cfg: dict, outdir: Path, train: Path, val: Path, nproc: int, restarts: int | None = None
+    cfg: dict | Path, outdir: Path, train: Path, val: Path, nproc: int, restarts: int | None = None, run: str = "f"
 ) -> list[str]:
-    """``dchag launch-train`` (torchrun's agent; see :mod:`dchag.train.launch`) of run "f" of
-    ``cfg`` into ``outdir`` on the ``train``/``val`` stores, ``nproc`` ranks of one math thread
-    each; ``restarts``: ``--max-restarts`` (the config's when None)."""
-    cmd = [str(BIN / "dchag"), "launch-train", "--config", json.dumps(cfg), "--run-name", "f", "--output", str(outdir)]
+    """``dchag launch-train`` (torchrun's agent; see :mod:`dchag.train.launch`) of ``run`` of
+    ``cfg`` (a config, or its file) into ``outdir`` on the ``train``/``val`` stores, ``nproc``
+    ranks of one math thread each; ``restarts``: ``--max-restarts`` (the config's when None)."""
+    config = str(cfg) if isinstance(cfg, Path) else json.dumps(cfg)
+    cmd = [str(BIN / "dchag"), "launch-train", "--config", config, "--run-name", run, "--output", str(outdir)]
     cmd += ["--train-data", str(train), "--val-data", str(val), "--nproc", str(nproc), "--threads-per-rank", "1"]
     return cmd + (["--max-restarts", str(restarts)] if restarts is not None else [])
 
