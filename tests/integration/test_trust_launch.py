@@ -203,10 +203,11 @@ def test_predict_names_a_damaged_store(data_root, forecast_model, tmp_path, caps
     if damage == "lost shard":
         shard.unlink()
         message = f"store {store}: the file(s) data/{shard.relative_to(store / 'data').as_posix()} of variable 'data'"
-    else:
+    else:  # a truncated shard is met by the reader (the training loader's), zarr.json on opening
         victim = shard if damage == "truncated shard" else store / "data" / "zarr.json"
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-        message = f"cannot read Zarr store {store}: "
+        truncated = damage == "truncated shard"
+        message = f"cannot read array 'data' of {store}: " if truncated else f"cannot read Zarr store {store}: "
     out = tmp_path / "forecast.zarr"
     code = main(["predict", "--model", str(forecast_model), "--store", str(store), "--lead-hours", "24",
                  "--output", str(out)])  # fmt: skip

@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 
 from .. import provenance
 from ..model.folder import Model
-from ..store import absent_chunks, atomic_path, compressors, open_any, open_store, reading
+from ..store import absent_chunks, atomic_path, compressors, open_any, open_store
+from ..train.data import ChunkReader
 from ..vocabulary import Task
 from .layout import PredictError, lay_out
 
@@ -92,10 +93,12 @@ def from_store(
     normalised = "mean" in ds.coords and "std" in ds.coords
     mean = ds["mean"].values[ids].astype(np.float32)[None, :, None, None] if normalised else 0.0
     std = ds["std"].values[ids].astype(np.float32)[None, :, None, None] if normalised else 1.0
+    # the training loader's reader: a batch's chunks in one concurrent read (through xarray and
+    # dask, 20x slower: a year at 5.625 deg took 29 s instead of 1.5)
+    reader = ChunkReader(store, "data")
 
     def read(indices):
-        with reading(store):
-            x = np.asarray(ds["data"].isel(time=idx_all[indices], channel=ids).values, np.float32)
+        (x,) = reader.read((idx_all[indices], np.asarray(ids), slice(None), slice(None)))
         if not np.isfinite(x).all():
             lost = absent_chunks(store, "data", idx_all[indices])
             if lost:
