@@ -20,6 +20,7 @@ TORCH ?= torch==2.13.0
 # every process would compile them again, and the test suite starts about 700.
 # `make demo` installs dchag alone; `make test` adds the test extras (pytest, the docs' tools, the
 # readers of optional formats): 27 s instead of 45 s from an empty cache, measured on 2 cores.
+UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode
 
 .PHONY: demo test test-quick lint clean
 
@@ -28,12 +29,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e .
+	$(UV_INSTALL) -e .
 	$(BIN)/python -m compileall -q src
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -e ".[test]"
+	$(UV_INSTALL) -e ".[test]"
 	touch $@
 
 # The main job: the default demo pipeline (config/demo.yaml); results land in results/demo/.
