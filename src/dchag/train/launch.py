@@ -229,9 +229,15 @@ def _stop_fork_server() -> None:
     """End the ranks' fork server and wait for it (it would end with this process anyway), so
     that its CPU time and its ranks' count as this process's children's (GNU time, a job's
     accounting). Python keeps the server's stop private (3.8-3.13: ``ForkServer._stop``)."""
+    import signal
     from multiprocessing import forkserver
 
-    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
+    server = getattr(forkserver, "_forkserver", None)
+    pid, stop = getattr(server, "_forkserver_pid", None), getattr(server, "_stop", None)
+    if pid:
+        # It holds nothing to save or flush (its ranks have ended); ended by its own exit it
+        # would first spend ~1 CPU-s tearing down the torch it imported.
+        os.kill(pid, signal.SIGKILL)
     if stop is not None:
         stop()
 

@@ -5,10 +5,12 @@ fault — never a traceback. Any other exception is a bug and keeps its tracebac
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+from support import REPO
 
 from dchag import cli
 from dchag.errors import DchagError
@@ -227,6 +229,34 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     assert out.stderr.strip().splitlines() == [f"dchag score-recon: error: {MISSING}/t.npy: file not found"] or (
         "Traceback" not in out.stderr and out.stderr.count("\n") == 1
     ), out.stderr
+
+
+@pytest.mark.parametrize("config, status", [("config/demo.yaml", 0), (f"{MISSING}/c.yaml", 2)])
+def test_the_program_ends_as_an_exit_does_without_the_teardown(config, status):
+    """`dchag` skips the interpreter's teardown (dchag.cli.run), not an exit's duties: a thread
+    still running is waited for, exit handlers run, buffered output reaches the pipe, and the
+    status is the command's."""
+    script = (
+        "import atexit, sys, threading, time\n"
+        "from dchag.cli import run\n"
+        "atexit.register(print, 'exit handler ran')\n"
+        "threading.Thread(target=lambda: (time.sleep(1), print('thread finished'))).start()\n"
+        "print('x' * 100000, end='')\n"
+        "sys.argv[0] = 'dchag'\n"
+        "run()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, "check-config", "--config", config],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # output buffered, as by default
+    )
+    assert out.returncode == status, out.stderr
+    assert out.stdout.startswith("x" * 100000), out.stdout[:300]
+    assert out.stdout.endswith("thread finished\nexit handler ran\n"), out.stdout[-300:]
+    assert ("config/demo.yaml: valid" in out.stdout) == (status == 0)
+    assert out.stderr.count("\n") == status // 2, out.stderr
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
