@@ -528,7 +528,7 @@ def pipeline_files(tmp_path_factory):
 def _wb2_evaluate_by_init(forecast: str, truth: str, climatology: str, region: str = "global") -> dict:
     """WeatherBench 2's evaluate_in_memory on by-init forecasts (evaluation.py,
     metrics.py), as its code reads, for MSE, RMSESqrtBeforeTimeAvg and ACC: open with
-    xr.open_zarr's defaults, latitude increasing, time -> init_time, prediction_timedelta ->
+    xr.open_zarr's defaults (but no dask), latitude increasing, time -> init_time, prediction_timedelta ->
     lead_time, valid_time = init_time + lead_time, truth at the valid times, the climatology
     at the valid times' day of year (and hour, if it has one) and the forecast's levels,
     spatial means over ``region`` (regions.py) weighted by get_lat_weights, then the mean over
@@ -538,9 +538,11 @@ def _wb2_evaluate_by_init(forecast: str, truth: str, climatology: str, region: s
     def increasing(ds):
         return ds.isel(latitude=slice(None, None, -1)) if (np.diff(ds.latitude.values) < 0).all() else ds
 
-    fc = increasing(xr.open_zarr(forecast))
-    obs = increasing(xr.open_zarr(truth))
-    clim = increasing(xr.open_zarr(climatology))
+    # Without dask (chunks=None): WB2's dask arrays would here be a task per small chunk (the
+    # same values and arithmetic; the sums' order differs only in the last bits).
+    fc = increasing(xr.open_zarr(forecast, chunks=None))
+    obs = increasing(xr.open_zarr(truth, chunks=None))
+    clim = increasing(xr.open_zarr(climatology, chunks=None))
     fc = fc.rename(time="init_time", prediction_timedelta="lead_time")
     fc = fc.assign_coords(valid_time=fc.init_time + fc.lead_time)
     obs = obs.sel(time=fc.valid_time)
