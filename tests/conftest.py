@@ -5,6 +5,7 @@ and the suite's order: tests/integration/ is marked ``integration``; tests marke
 from __future__ import annotations
 
 import copy
+import gc
 import resource
 from pathlib import Path
 
@@ -81,6 +82,10 @@ def scored(tmp_path):
 
 
 def pytest_configure(config):
+    # As `dchag` itself (dchag.cli.run): a worker holds ~550k objects (torch, xarray, pytest's), and
+    # the collector's full passes over them, one every 10 young ones, cost a worker ~2 CPU-s in
+    # tests/unit/{model,hsi,evaluate} alone; one in 100: 0.46.
+    gc.set_threshold(*gc.get_threshold()[:2], 100)
     config.addinivalue_line(
         "markers",
         "minutes(n): an end-to-end run that takes about n minutes in CI; scheduled first, longest first",

@@ -41,8 +41,10 @@ RDZV_BASE_PORT = 29500
 RANK_ENTRY = str(Path(__file__).with_name("rank.py"))
 TRAINER_MODULES = ("dchag.cli", "dchag.train.trainer")  # what the ranks' fork server imports for `dchag train`
 # ...and for any rank: torch.use_deterministic_algorithms and an optimizer's first step import
-# torch._inductor (1.3 CPU-s) in every rank that has not.
+# torch._inductor (1.3 CPU-s) in every rank that has not. First of all, the ranks' entry: imported,
+# it turns the server's collector off for the imports that follow (its docstring).
 RANK_MODULES = ("torch._inductor",)
+SERVER_FIRST = "dchag.train.rank"
 
 
 def rendezvous_port(env: dict) -> int:
@@ -179,7 +181,7 @@ def launch(
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_GRACE_S)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process
     # The server starts with the first rank, in this environment (the thread counts above included).
-    multiprocessing.set_forkserver_preload([*preload, *RANK_MODULES])
+    multiprocessing.set_forkserver_preload([SERVER_FIRST, *preload, *RANK_MODULES])
     start_quiet_resource_tracker()
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_exit_without_traceback)
     log.info("%s ...%s", " ".join(cmd[:6]), f" ({threads_per_rank} threads per rank)" if threads_per_rank else "")
