@@ -1,7 +1,7 @@
 """What each rank of `dchag launch-train` runs: ``python -m MODULE ARGS``, in a process torchrun
 forks from a server that has already imported MODULE's dependencies (torch, the trainer), rather
 than a fresh interpreter importing them again on every rank and every restart. torchrun runs this
-file by path (``--run-path``): it imports nothing relative.
+file by path (``--run-path``): run so, it imports nothing relative.
 
 Like a rank torchrun starts as a command, it runs in a session of its own: a terminal's Ctrl-C
 or a signal to the launcher's process group reaches it through the launcher only.
@@ -23,5 +23,8 @@ if __name__ == "__main__":
     os.setsid()
     sys.argv = sys.argv[1:]
     runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-elif os.environ.get("DCHAG_LAUNCHER_PID") == str(os.getppid()):  # the server (a child of the launcher)
-    gc.disable()  # before its other imports; it runs nothing but forks
+else:
+    from .lock import LAUNCHER_PID
+
+    if os.environ.get(LAUNCHER_PID) == str(os.getppid()):  # the server (a child of the launcher)
+        gc.disable()  # before its other imports; it runs nothing but forks
