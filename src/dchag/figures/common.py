@@ -14,6 +14,7 @@ import pandas as pd  # noqa: E402
 
 from ..store import InputError, atomic_path  # noqa: E402
 
+DPI = 150
 COLORS = {"baseline": "#1f77b4", "dchag": "#d62728", "persistence": "#7f7f7f", "climatology": "#2ca02c"}
 
 
@@ -24,14 +25,24 @@ def color(name: str, i: int) -> str:
     return f"C{i + 3}"
 
 
-def save(fig, output: str | Path) -> Path:
-    """``output`` (.png) and the same name with .pdf, each written atomically."""
+def save(fig, output: str | Path, add=None) -> Path:
+    """``output`` (.png) and the same name with .pdf, each written atomically, cropped to what the
+    figure shows (as ``bbox_inches="tight"``). The layout and the crop are worked out once, on a
+    draw that renders nothing, and kept for both files (matplotlib would lay out and measure the
+    whole figure again before each). ``add(fig)``, if given, runs after that: artists inside the
+    axes that neither needs to measure (a large scorecard's cell labels: most of its drawing)."""
     output = Path(output)
     if output.suffix != ".png":
         raise InputError(f"figure output must end in .png (a .pdf is written beside it): {output}")
+    fig.set_dpi(DPI)  # measured at the resolution it is drawn at
+    fig.draw_without_rendering()
+    crop = fig.get_tightbbox().padded(matplotlib.rcParams["savefig.pad_inches"])
+    fig.set_layout_engine(None)  # the axes keep the positions the layout gave them
+    if add is not None:
+        add(fig)
     for path in (output, output.with_suffix(".pdf")):
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=path.suffix[1:], dpi=150, bbox_inches="tight")
+            fig.savefig(tmp, format=path.suffix[1:], dpi=DPI, bbox_inches=crop)
     plt.close(fig)
     return output
 
