@@ -104,6 +104,9 @@ def test_demo_pipeline_produces_normalised_stores(tmp_path):
     train = open_store(results / "train.zarr").data.values
     assert np.abs(train.mean(axis=(0, 2, 3))).max() < 1e-3
     assert (tmp_path / "logs" / "demo" / "era5_year_2016.log").exists()
+    # No job warned: a warning in a job's log is something its user has to look into.
+    warned = [p.name for p in (tmp_path / "logs" / "demo").glob("*.log") if "Warning" in p.read_text()]
+    assert not warned, warned
     # Every field the pipeline wrote, in every store under results/, is float32 on disk.
     from support.stores import float_arrays
 

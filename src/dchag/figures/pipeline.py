@@ -153,26 +153,28 @@ def hsi_reconstruction(samples: list[str], output: str, tile: int = 0) -> Path:
     h, w = truth.shape[1:]
     pixels = [(h // 4, w // 4), (h // 2, w // 2), (3 * h // 4, 3 * w // 4)]
     ncol = 2 + len(runs)
-    fig = plt.figure(figsize=(3.2 * ncol, 6.4))
-    ax = fig.add_subplot(2, ncol, 1)
+    # two rows of their own widths: the images, then the three spectra (one grid would not hold both)
+    fig = plt.figure(figsize=(3.2 * ncol, 6.4), layout="constrained")
+    images, spectra = fig.subfigures(2, 1)
+    ax = images.add_subplot(1, ncol, 1)
     ax.imshow(rgb)
     for k, (r, c) in enumerate(pixels):
         ax.plot(c, r, "x", color="w", ms=8, mew=2)
         ax.annotate(str(k + 1), (c, r), color="w", xytext=(3, 3), textcoords="offset points")
     ax.set(title="truth (false colour)")
-    ax = fig.add_subplot(2, ncol, 2)
+    ax = images.add_subplot(1, ncol, 2)
     ax.imshow(np.where(mask[..., None], 0.15, rgb))
     ax.set(title="visible patches")
     for j, (name, d) in enumerate(runs.items()):
-        ax = fig.add_subplot(2, ncol, 3 + j)
+        ax = images.add_subplot(1, ncol, 3 + j)
         ax.imshow(_stretch(d["pred"][tile], idx, truth))
         ax.set(title=f"reconstruction: {name}")
-    for a in fig.axes:
+    for a in images.axes:
         a.set_xticks([])
         a.set_yticks([])
     x = wl if np.all(np.isfinite(wl)) else np.arange(truth.shape[0])
     for k, (r, c) in enumerate(pixels):
-        ax = fig.add_subplot(2, 3, 4 + k)
+        ax = spectra.add_subplot(1, 3, 1 + k)
         ax.plot(x, truth[:, r, c], "k-", lw=1.5, label="truth")
         for j, (name, d) in enumerate(runs.items()):
             ax.plot(x, d["pred"][tile][:, r, c], "--", color=color(name, j), lw=1.1, label=name)
@@ -181,9 +183,8 @@ def hsi_reconstruction(samples: list[str], output: str, tile: int = 0) -> Path:
             xlabel="wavelength (nm)" if np.all(np.isfinite(wl)) else "band",
         )
         ax.grid(alpha=0.3)
-    fig.axes[-3].legend(fontsize=7)
+    spectra.axes[0].legend(fontsize=7)
     fig.suptitle("Masked-autoencoder reconstruction of a held-out tile")
-    fig.tight_layout()
     return save(fig, output)
 
 
