@@ -10,11 +10,14 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
 from ..errors import DchagError
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 
 class InputError(DchagError, ValueError):
@@ -147,6 +150,8 @@ def open_any(path: str, what: str = "input", normalise_names: bool = True) -> xr
                 "(grib_copy file 'out_[typeOfLevel].grib') or read it as ERA5 input (era5.inputs), which takes them all"
             )
         return datasets[0]
+    import xarray as xr
+
     is_zarr = path.rstrip("/").endswith(".zarr") or "://" in path or (Path(path) / "zarr.json").exists()
     if "://" not in path and not Path(path).exists():
         raise InputError(f"{what} not found: {path}")

@@ -18,8 +18,6 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import zarr
-
 from ..errors import DchagError
 
 
@@ -132,6 +130,8 @@ def _mark(path: Path, kind: str) -> None:
     """Mark a directory output with its kind: a Zarr store in its root attributes (a file
     beside its nodes would be an unknown object to Zarr), any other directory with a file."""
     if (path / "zarr.json").is_file():
+        import zarr
+
         zarr.open_group(store=str(path), mode="r+", zarr_format=3).attrs[OWNER_ATTRIBUTE] = kind
     else:
         (path / OWNER).write_text(f"{kind}\n")
@@ -249,6 +249,8 @@ def consolidate(path: Path) -> None:
     """Consolidated metadata in the store and in each of its groups, so that ``xr.open_zarr``
     opens it (or ``group=...``) the default way without a warning."""
     import warnings
+
+    import zarr
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zarr: consolidated metadata is not yet in the v3 spec
