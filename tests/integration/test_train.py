@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from support import BIN
-from support.commands import final_weights, finish, launch_train, run_config, store_args, train_once
+from support.commands import final_weights, finish, launch_train, run_config, store_args, train_in_ranks, train_once
 from support.distributed import free_port, run_distributed
 
 from dchag.bench.procs import ranks
@@ -325,7 +325,7 @@ def test_lightweight_alternatives_train(data_root, tmp_path, name):
     cfg["model"].update(model)
     cfg["parallel"] = parallel
     out = tmp_path / "run"
-    text = finish(launch_train(cfg, out, root), out)
+    text = train_in_ranks(cfg, out, root)
     assert (out / "final" / ".metadata").exists(), text[-3000:]
     import csv
 
@@ -339,7 +339,7 @@ def test_lightweight_alternatives_train(data_root, tmp_path, name):
         longer = run_config(base, steps=14, checkpoint_every=6, val_every=7, nproc=ranks, **train)
         longer["model"].update(model)
         longer["parallel"] = parallel
-        text = finish(launch_train(longer, out, root, nproc=ranks), out)
+        text = train_in_ranks(longer, out, root, nproc=ranks)
         assert "resuming from" in text and "(step 12)" in text and "another configuration" not in text, text[-3000:]
         assert f"trained on 2 data-parallel rank(s), this run has {ranks}" in text, text[-3000:]
         assert "the epoch continues at its sample" in text and "a step now takes" in text
@@ -427,7 +427,7 @@ def test_int8_error_feedback_resumes_with_its_residuals(data_root, tmp_path):
         "ddp_bucket_mb": 0.05,
     }
     a, b = tmp_path / "a", tmp_path / "b"
-    text = finish(launch_train(cfg, a, root), a)
+    text = train_in_ranks(cfg, a, root)
     assert (a / "final" / ".metadata").exists(), text[-3000:]
     saved = saved_shapes(a / "checkpoints" / "step_4")
     for rank in (0, 1):
@@ -437,7 +437,7 @@ def test_int8_error_feedback_resumes_with_its_residuals(data_root, tmp_path):
         )
     (b / "checkpoints").mkdir(parents=True)
     shutil.copytree(a / "checkpoints" / "step_4", b / "checkpoints" / "step_4")
-    text = finish(launch_train(cfg, b, root), b)
+    text = train_in_ranks(cfg, b, root)
     assert "resuming from" in text and (b / "final" / ".metadata").exists(), text[-3000:]
     wa, wb = final_weights(a), final_weights(b)
     assert wa.keys() == wb.keys()
@@ -489,22 +489,22 @@ def test_a_harmless_change_resumes_a_changed_model_restarts_naming_the_keys(data
     rate: the checkpoints are dropped with a message naming the key and both values."""
     root, base = data_root
     out = tmp_path / "run"
-    first = finish(launch_train(run_config(base, steps=4, checkpoint_every=2, val_every=4), out, root), out)
+    first = train_in_ranks(run_config(base, steps=4, checkpoint_every=2, val_every=4), out, root)
     assert (out / "final" / ".metadata").exists(), first[-3000:]
     # the last step's checkpoint is kept beside final/; removed here, so that the rerun resumes
     # at step 2, inside the warm-up, where a 4-step and a 6-step schedule still agree
     shutil.rmtree(out / "checkpoints" / "step_4")
     longer = run_config(base, steps=6, checkpoint_every=2, val_every=3, num_workers=1, val_batches=1)
-    text = finish(launch_train(longer, out, root), out)
+    text = train_in_ranks(longer, out, root)
     assert "resuming from" in text and "(step 2)" in text and "another configuration" not in text, text[-3000:]
     straight = tmp_path / "straight"
-    finish(launch_train(run_config(base, steps=6, checkpoint_every=2, val_every=3), straight, root), straight)
+    train_in_ranks(run_config(base, steps=6, checkpoint_every=2, val_every=3), straight, root)
     # the resumed run replays the same batches: it ends where the uninterrupted one ends
     wa, wb = final_weights(out), final_weights(straight)
     for k in wa:
         assert torch.allclose(wa[k], wb[k], atol=1e-6), k
     changed = run_config(base, steps=6, checkpoint_every=2, val_every=3, lr=0.001)
-    text = finish(launch_train(changed, out, root), out)
+    text = train_in_ranks(changed, out, root)
     assert "another configuration (train.lr: 0.003 -> 0.001); moved its checkpoints and record to" in text, text[-3000:]
     assert "resuming from" not in text
     # nothing was deleted: the other configuration's checkpoints are kept aside, with why

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.commands import finish, launch_train, mount, run_config, short_run, train_once
+from support.commands import finish, launch_train, mount, run_config, short_run, train_in_ranks, train_once
 
 from dchag.bench.procs import ranks
 from dchag.train import checkpoint as ckpt
@@ -238,7 +238,7 @@ def _rows(run: Path) -> list[dict]:
 def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path):
     root, base = data_root
     out = tmp_path / "run"
-    text = finish(launch_train(short_run(base, steps=8), out, root, nproc=1), out)
+    text = train_in_ranks(short_run(base, steps=8), out, root, nproc=1)
     ckpts = out / "checkpoints"
     # keep_checkpoints 2: step 6 and the last step's, kept beside final/
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_6", "step_8"], text[-2000:]
@@ -253,7 +253,7 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
     (out / "log.csv").unlink()
     (ckpts / ".step_99.tmp").mkdir()
     (out / ".final.tmp").mkdir()
-    text = finish(launch_train(short_run(base, steps=10), out, root, nproc=1), out)
+    text = train_in_ranks(short_run(base, steps=10), out, root, nproc=1)
     assert "resuming from" in text and "(step 8)" in text, text[-3000:]
     longer = _rows(out)
     assert [r["step"] for r in longer] == [str(s) for s in range(1, 11)]
@@ -264,7 +264,7 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
     shutil.rmtree(out / "final")
     shard = max((p for p in (ckpts / "step_10").iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    text = finish(launch_train(short_run(base, steps=12), out, root, nproc=1), out)
+    text = train_in_ranks(short_run(base, steps=12), out, root, nproc=1)
     assert "checkpoint" in text and "step_10 is damaged" in text and "truncated" in text, text[-3000:]
     assert "resuming from" in text and text.count("(step 8)") == 1, text[-3000:]
     assert [r["step"] for r in _rows(out)] == [str(s) for s in range(1, 13)]
@@ -272,7 +272,7 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
     assert (aside / "step_10").is_dir() and "damaged" in (aside / "why.txt").read_text()
 
     # Fewer steps than the newest checkpoint: it is kept, not used; final/ holds step 3.
-    text = finish(launch_train(short_run(base, steps=3), out, root, nproc=1), out)
+    text = train_in_ranks(short_run(base, steps=3), out, root, nproc=1)
     assert "lie beyond it and are not used" in text, text[-3000:]
     info = json.loads((out / "run.json").read_text())
     assert info["final_step"] == 3 and [r["step"] for r in _rows(out)] == ["1", "2", "3"]
@@ -280,7 +280,7 @@ def test_checkpoints_survive_reruns_damage_and_shorter_runs(data_root, tmp_path)
 
     # A damaged fingerprint: that checkpoint is moved aside, the previous one resumed.
     (ckpts / "step_12" / "fingerprint.json").write_text('{"task": "fore')
-    text = finish(launch_train(short_run(base, steps=12), out, root, nproc=1), out)
+    text = train_in_ranks(short_run(base, steps=12), out, root, nproc=1)
     assert "step_12 is damaged" in text and "not readable JSON" in text and "(step 10)" in text, text[-3000:]
 
 

@@ -17,7 +17,7 @@ import yaml
 from dchag.config import era5_input_paths
 
 from . import BIN, REPO
-from .distributed import free_port
+from .distributed import free_port, run_dchag_ranks
 
 DEMO = REPO / "config" / "demo.yaml"
 
@@ -176,6 +176,17 @@ def launch_train(cfg: dict, outdir: Path, root: Path, nproc: int = 2, restarts: 
     outdir.mkdir(parents=True, exist_ok=True)
     train, val = root / "era5" / "train.zarr", root / "era5" / "val.zarr"
     return started(launch_train_command(cfg, outdir, train, val, nproc, restarts), outdir.parent / f"{outdir.name}.out")
+
+
+def train_in_ranks(cfg: dict, outdir: Path, root: Path, nproc: int = 2) -> str:
+    """``dchag train`` of run "f" of ``cfg`` into ``outdir`` on the stores under ``root``, on
+    ``nproc`` gloo ranks without torchrun's agent (:func:`support.distributed.run_dchag_ranks`):
+    for tests of what the trainer does, not of the launch. Its ranks' console output."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_dchag_ranks(train_args(cfg, outdir, root), nproc, outdir.parent / f"{outdir.name}.out")
+    except Exception as err:  # the failure with what the ranks printed
+        raise AssertionError((outdir.parent / f"{outdir.name}.out").read_text()[-3000:]) from err
 
 
 def finish(proc: subprocess.Popen, outdir: Path) -> str:

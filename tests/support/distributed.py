@@ -49,6 +49,9 @@ mp.set_forkserver_preload(
         "torch.distributed.tensor.parallel",
         "dchag.model",
         "dchag.parallel",
+        "dchag.cli",
+        "dchag.train.trainer",
+        "torch._inductor",
         "parallel_checks",
     ]
 )
@@ -56,14 +59,65 @@ mp.set_forkserver_preload(
 
 def run_distributed(fn, world_size: int, *args) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; a failure on any rank fails."""
+    _start(_worker, world_size, fn, args)
+
+
+def _start(worker, world_size: int, *args) -> None:
+    """``worker(rank, world_size, port, *args, report)`` on ``world_size`` ranks forked from the server."""
     with tempfile.TemporaryDirectory() as report:
         try:
             mp.start_processes(
-                _worker,
-                args=(world_size, free_port(), fn, args, report),
+                worker,
+                args=(world_size, free_port(), *args, report),
                 nprocs=world_size,
                 join=True,
                 start_method="forkserver",
             )
         finally:  # what the ranks cost counts as this test's (tests/conftest.py: cpu_s)
             RANKS_CPU[0] += sum(float(f.read_text()) for f in Path(report).glob("*.cpu"))
+
+
+def _dchag_rank(rank: int, world_size: int, port: int, args: list[str], console: str, report: str) -> None:
+    """``dchag ARGS`` as a rank of torchrun runs it (its variables, one math thread), its stdout
+    and stderr into ``console``.<rank>."""
+    import sys
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    torch.set_num_threads(1)
+    with open(f"{console}.{rank}", "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    from dchag.cli import main
+
+    try:
+        code = main(args)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        Path(report, f"{rank}.cpu").write_text(str(u.ru_utime + u.ru_stime))
+    if code:
+        raise RuntimeError(f"dchag {args[0]} ended with exit status {code} on rank {rank}")
+
+
+def run_dchag_ranks(args: list[str], world_size: int, console: Path) -> str:
+    """``dchag ARGS`` (e.g. ``train``) on ``world_size`` gloo ranks forked from this process's
+    server: what torchrun's ranks run, without torchrun's agent (``dchag launch-train``, which
+    tests of the launch itself start) and its second import of torch, a fraction of a launch's
+    CPU time. Returns the ranks' console output, rank 0's first, also written to ``console``."""
+    try:
+        _start(_dchag_rank, world_size, args, str(console))
+    finally:
+        parts = [Path(f"{console}.{rank}") for rank in range(world_size)]
+        text = "".join(p.read_text() for p in parts if p.exists())
+        console.write_text(text)
+        for p in parts:
+            p.unlink(missing_ok=True)
+    return text

@@ -257,13 +257,13 @@ def test_the_committed_loader_benchmark_shows_the_rates_the_readme_states():
 def test_training_from_zarr_with_workers_equals_training_from_memory(data_root, tmp_path):
     """A D-CHAG run on 2 ranks whose batches come from Zarr (cache_mb 0) through a DataLoader
     worker each ends with the weights of the same run read from memory, bit for bit."""
-    from support.commands import final_weights, finish, launch_train, run_config
+    from support.commands import final_weights, run_config, train_in_ranks
 
     root, base = data_root
     weights = {}
     for name, extra in (("zarr", {"cache_mb": 0, "num_workers": 1}), ("memory", {})):
         out = tmp_path / name
-        text = finish(launch_train(run_config(base, steps=4, checkpoint_every=4, val_every=4, **extra), out, root), out)
+        text = train_in_ranks(run_config(base, steps=4, checkpoint_every=4, val_every=4, **extra), out, root)
         assert (out / "final" / ".metadata").exists() and "read with zarr" not in text, text[-3000:]
         weights[name] = final_weights(out)
     assert weights["zarr"].keys() == weights["memory"].keys()
