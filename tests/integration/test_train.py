@@ -1,5 +1,7 @@
-"""Training through torchrun on CPU/gloo: kill-and-resume equals an uninterrupted run, bad
-inputs give clear errors, checkpoints refuse foreign models and pickled code."""
+"""Training on CPU/gloo. Through torchrun: kill-and-resume equals an uninterrupted run, a signal
+checkpoints, two "nodes" train as one group, bad inputs give clear errors. What the trainer does
+(the lightweight alternatives, resuming after a change) on gloo ranks without torchrun's agent
+(`train_in_ranks`). Checkpoints refuse foreign models and pickled code."""
 
 from __future__ import annotations
 
