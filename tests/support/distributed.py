@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import socket
@@ -22,19 +23,34 @@ def free_port() -> int:
 RANKS_CPU = [0.0]  # CPU seconds of the ranks this process ran: children of their fork server, not of ours
 
 
-def _worker(rank: int, world_size: int, port: int, fn, args, report: str) -> None:
+@contextlib.contextmanager
+def _rank(rank: int, world_size: int, port: int, report: str):
+    """This process as rank ``rank`` of torchrun's (its variables, one math thread); at the end its
+    CPU seconds into ``report`` (see :data:`RANKS_CPU`)."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
     )
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        fn(rank, world_size, *args)
-        dist.barrier()
+        yield
     finally:
-        dist.destroy_process_group()
         u = resource.getrusage(resource.RUSAGE_SELF)
         Path(report, f"{rank}.cpu").write_text(str(u.ru_utime + u.ru_stime))
+
+
+def _worker(rank: int, world_size: int, port: int, fn, args, report: str) -> None:
+    with _rank(rank, world_size, port, report):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        try:
+            fn(rank, world_size, *args)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 # The ranks fork from one server process (per test process) that has imported torch and the
@@ -78,31 +94,20 @@ def _start(worker, world_size: int, *args) -> None:
 
 
 def _dchag_rank(rank: int, world_size: int, port: int, args: list[str], console: str, report: str) -> None:
-    """``dchag ARGS`` as a rank of torchrun runs it (its variables, one math thread), its stdout
-    and stderr into ``console``.<rank>."""
+    """``dchag ARGS`` as a rank of torchrun runs it, its stdout and stderr into ``console``.<rank>."""
     import sys
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-    )
-    torch.set_num_threads(1)
-    with open(f"{console}.{rank}", "w") as out:
-        os.dup2(out.fileno(), 1)
-        os.dup2(out.fileno(), 2)
     from dchag.cli import main
 
-    try:
-        code = main(args)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        u = resource.getrusage(resource.RUSAGE_SELF)
-        Path(report, f"{rank}.cpu").write_text(str(u.ru_utime + u.ru_stime))
+    with _rank(rank, world_size, port, report):
+        with open(f"{console}.{rank}", "w") as out:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+        try:
+            code = main(args)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
     if code:
         raise RuntimeError(f"dchag {args[0]} ended with exit status {code} on rank {rank}")
 
