@@ -29,7 +29,7 @@ def save(fig, output: str | Path, add=None) -> Path:
     """``output`` (.png) and the same name with .pdf, each written atomically, cropped to what the
     figure shows (as ``bbox_inches="tight"``). The layout and the crop are worked out once, on a
     draw that renders nothing, and kept for both files (matplotlib would lay out and measure the
-    whole figure again before each). ``add(fig)``, if given, runs after that: artists inside the
+    whole figure again before each). ``add()``, if given, runs after that: artists inside the
     axes that neither needs to measure (a large scorecard's cell labels: most of its drawing)."""
     output = Path(output)
     if output.suffix != ".png":
@@ -39,7 +39,7 @@ def save(fig, output: str | Path, add=None) -> Path:
     crop = fig.get_tightbbox().padded(matplotlib.rcParams["savefig.pad_inches"])
     fig.set_layout_engine(None)  # the axes keep the positions the layout gave them
     if add is not None:
-        add(fig)
+        add()
     for path in (output, output.with_suffix(".pdf")):
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=path.suffix[1:], dpi=DPI, bbox_inches=crop)

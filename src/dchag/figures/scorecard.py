@@ -94,7 +94,7 @@ def scorecard(comparisons: list[str], output: str) -> Path:
     fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, 160)), ha="left", va="top", fontsize=7)
     write_table(table.to_dict("records"), output, text)
 
-    def labels(_fig) -> None:  # inside their cells, added once the layout is fixed
+    def labels() -> None:  # inside their cells, added once the layout is fixed
         for ax, part in blocks:
             _labels(ax, part, rows, regions, leads, limit)
 
