@@ -68,6 +68,7 @@ mp.set_forkserver_preload(
         "dchag.cli",
         "dchag.train.trainer",
         "torch._inductor",
+        "tensorstore",
         "parallel_checks",
     ]
 )

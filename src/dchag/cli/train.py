@@ -29,7 +29,7 @@ def cmd_launch_train(args) -> None:
     import os
 
     from ..runs import resolve
-    from ..train.launch import launch, node_count
+    from ..train.launch import TRAINER_MODULES, launch, node_count
     from ..train.preflight import check_launch
 
     cfg = config(args)
@@ -39,7 +39,7 @@ def cmd_launch_train(args) -> None:
     # the config, the stores, a run directory in use: before torchrun starts; the lock on the
     # first node alone (the launchers of the other nodes would meet its check)
     first = nodes == 1 or os.environ.get("SLURM_NODEID", "0") == "0"
-    check_launch(cfg, args.run, args.output, stores, args.init_from, nproc * nodes, lock=first)
+    task = check_launch(cfg, args.run, args.output, stores, args.init_from, nproc * nodes, lock=first)
     launch(
         nproc,
         train.max_restarts if args.max_restarts is None else args.max_restarts,
@@ -56,6 +56,7 @@ def cmd_launch_train(args) -> None:
             *(["--init-from", args.init_from] if args.init_from else []),
         ],
         args.threads_per_rank,
+        preload=(*TRAINER_MODULES, *task.rank_modules),
     )
 
 

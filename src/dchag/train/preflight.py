@@ -11,7 +11,7 @@ from ..layout import data_parallel_size
 from . import tracking
 from .data import DataError
 from .lock import RunLock
-from .tasks import build_task
+from .tasks import Task, build_task
 
 
 def resolve_run(config: dict, run: str, init_from: str | Path | None, world_size: int) -> tuple[dict, Settings]:
@@ -63,11 +63,12 @@ def check_launch(
     init_from: str | Path | None,
     world_size: int,
     lock: bool = True,
-) -> None:
+) -> Task:
     """What `dchag launch-train` checks before torchrun starts, as every rank would: the run's
     config for ``world_size`` processes, the model against this node's memory, the stores
     present and readable with data for a batch and for validation, then (``lock``) the run
-    directory free; its lock is not kept: rank 0 takes it. A failed check leaves nothing."""
+    directory free; its lock is not kept: rank 0 takes it. A failed check leaves nothing.
+    Returns the run's task."""
     from ..checks import check_model_size
     from ..jobs import node_memory_mb
 
@@ -81,3 +82,4 @@ def check_launch(
     check_splits(task, *sizes, dp, cfg.train.batch_size)
     if lock:
         RunLock(outdir).check_free()
+    return task
