@@ -24,6 +24,11 @@ class ModelError(DchagError, ValueError):
 
 def sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """(n,) positions -> (n, dim) sin-cos features (dim even)."""
+    # A model built on torch's meta device has shapes only: no values to compute, and arithmetic
+    # on meta tensors would import torch._dynamo (1.5 CPU-s of each command that checks a model
+    # folder's weights against the shapes its description gives, model.folder.expected_state).
+    if positions.is_meta:
+        return torch.empty(len(positions), dim, device="meta")
     half = dim // 2
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half)
     angles = positions.to(torch.float64)[:, None] * freqs[None, :]
@@ -33,6 +38,8 @@ def sincos_1d(positions: torch.Tensor, dim: int, max_period: float = 10000.0) ->
 def sincos_2d(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
     """(grid_h * grid_w, dim) 2-D sin-cos position embedding (half the width per axis)."""
     ys, xs = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
+    if ys.is_meta:  # shapes only, as in sincos_1d
+        return torch.empty(grid_h * grid_w, dim, device="meta")
     return torch.cat([sincos_1d(ys.reshape(-1), dim // 2), sincos_1d(xs.reshape(-1), dim // 2)], dim=-1)
 
 

@@ -207,7 +207,8 @@ class MaeHead:
         dd = cfg.decoder_dim
         model.decoder_embed = nn.Linear(cfg.embed_dim, dd)
         model.mask_token = nn.Parameter(torch.zeros(1, 1, dd))
-        nn.init.normal_(model.mask_token, std=0.02)
+        if not model.mask_token.is_meta:  # shapes only (layers.sincos_1d)
+            nn.init.normal_(model.mask_token, std=0.02)
         model.decoder_pos_embed = nn.Parameter(sincos_2d(*cfg.grid, dd)[None], requires_grad=False)
         model.decoder_blocks = nn.ModuleList(
             [Block(dd, cfg.decoder_heads, cfg.mlp_ratio) for _ in range(cfg.decoder_depth)]
