@@ -114,7 +114,8 @@ def test_a_batch_from_zarr_is_the_one_from_memory_and_zarrs_own_reads_bit_for_bi
     """One D-CHAG rank of 2 (a scattered half of the channels) and the outputs: a batch read in
     one concurrent read equals zarr-python's reads of the same steps and channels and the
     in-memory copy's, repeated samples included; a float64 store of earlier versions reads as
-    the same float32 values."""
+    the same float32 values. The in-memory copy is the same read with tensorstore and, as a
+    process that forks loader workers reads it, with zarr."""
     from dchag.store import open_store
     from dchag.train.data import ForecastDataset
 
@@ -131,6 +132,8 @@ def test_a_batch_from_zarr_is_the_one_from_memory_and_zarrs_own_reads_bit_for_bi
         args = (path, channels, rank, outputs, (24, 48), 5)
         from_zarr, cached = ForecastDataset(*args), ForecastDataset(*args, cache_bytes=2**30)
         assert from_zarr.x_mem is None and cached.x_mem is not None and cached.x_mem.dtype == np.float32
+        by_zarr = ForecastDataset(*args, cache_bytes=2**30, forks_workers=True)
+        assert np.array_equal(by_zarr.x_mem, cached.x_mem) and np.array_equal(by_zarr.y_mem, cached.y_mem)
         batch = [6, 0, 3, 6, 1]
         want_x = [names.index(channels[r]) for r in rank]
         want_y = [names.index(o) for o in outputs]
