@@ -50,7 +50,7 @@ def _attrs(store: str | Path, group: str = "") -> dict:
 
 # The process that started tensorstore's threads: a process forked from it (a DataLoader
 # worker) cannot use tensorstore (it aborts), so the training process leaves the reads to its
-# workers when it has any (then its in-memory copies are read with zarr, ChunkReader.load).
+# workers when they read from Zarr (then its in-memory copies are read with zarr, ChunkReader.load).
 _TENSORSTORE_PID: int | None = None
 
 
@@ -113,11 +113,12 @@ class ChunkReader:
             raise DataError(f"cannot read array {self.path!r} of {self.store}: {_first_line(err)}") from err
         return [np.asarray(a).astype(np.float32, copy=False) for a in out]
 
-    def load(self, selection: tuple, forks_workers: bool) -> np.ndarray:
-        """``selection`` as float32, to be held in memory: read as :meth:`read` reads, unless this
-        process forks DataLoader workers afterwards (they could not use tensorstore), then with
-        zarr, 20-25x slower (the demo's training store, 1200 chunks: 1.1-1.5 CPU-s against 0.06)."""
-        if not forks_workers:
+    def load(self, selection: tuple, workers_read_zarr: bool) -> np.ndarray:
+        """``selection`` as float32, to be held in memory: read as :meth:`read` reads, unless
+        DataLoader workers forked from this process will read from Zarr (they could not use
+        tensorstore), then with zarr, 20-25x slower (the demo's training store, 1200 chunks:
+        1.1-1.5 CPU-s against 0.06)."""
+        if not workers_read_zarr:
             return self.read(selection)[0]
         array = zarr.open_array(store=self.store, path=self.path, mode="r")
         return np.asarray(array.get_orthogonal_selection(selection)).astype(np.float32, copy=False)
@@ -149,6 +150,12 @@ def _block_bytes(array: zarr.Array, channels: int) -> int:
     return array.shape[0] * channels * int(np.prod(array.shape[2:])) * 4
 
 
+def held_in_memory(store: str | Path, channels: int, cache_bytes: int) -> bool:
+    """Whether a :class:`ForecastDataset` of ``store`` reading ``channels`` channels (the rank's
+    and the outputs) holds them in memory under ``cache_bytes``."""
+    return _block_bytes(open_array(store, "data"), channels) <= cache_bytes
+
+
 class ForecastDataset(Dataset):
     """ERA5 forecasting pairs: inputs at t (the rank's channels), targets at t + lead (the
     output channels), lead drawn uniformly from the configured multiples of the time step."""
@@ -162,7 +169,7 @@ class ForecastDataset(Dataset):
         lead_hours: tuple[int, int],
         seed: int,
         cache_bytes: int = 0,
-        forks_workers: bool = False,
+        workers_read_zarr: bool = False,
     ):
         self.store = str(store)
         self.data = open_array(store, "data")
@@ -200,7 +207,8 @@ class ForecastDataset(Dataset):
         # costs a chunk per sample, channel and time step)
         self.x_mem = self.y_mem = None
         if _block_bytes(self.data, len(self.in_ids) + len(self.out_ids)) <= cache_bytes:
-            self.x_mem, self.y_mem = self._load(self.in_ids, forks_workers), self._load(self.out_ids, forks_workers)
+            self.x_mem = self._load(self.in_ids, workers_read_zarr)
+            self.y_mem = self._load(self.out_ids, workers_read_zarr)
 
     def _times(self):
         from ..store import open_zarr
@@ -221,16 +229,16 @@ class ForecastDataset(Dataset):
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
 
-    def _load(self, ids: np.ndarray, forks_workers: bool) -> np.ndarray:
+    def _load(self, ids: np.ndarray, workers_read_zarr: bool) -> np.ndarray:
         """Every step of the channels ``ids`` in one float32 array: in one read (a float32
         store), or a channel at a time (a float64 store is never held whole in float64)
         (:meth:`ChunkReader.load`)."""
         if self.data.dtype == np.float32:
-            return self.reader.load((slice(None), np.asarray(ids)), forks_workers)
+            return self.reader.load((slice(None), np.asarray(ids)), workers_read_zarr)
         shape = self.data.shape
         out = np.empty((shape[0], len(ids), *shape[2:]), np.float32)
         for k, c in enumerate(ids):
-            out[:, k] = self.reader.load((slice(None), int(c)), forks_workers)
+            out[:, k] = self.reader.load((slice(None), int(c)), workers_read_zarr)
         return out
 
     def __getitems__(self, indices: list[int]) -> list[tuple]:

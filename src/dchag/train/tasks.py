@@ -20,7 +20,7 @@ from ..model import ModelConfig, random_masking
 from ..model.build import model_config
 from ..model.model import channel_groups
 from ..parallel.collectives import gather_channels
-from .data import ForecastDataset, SampleDataset, open_array, store_info
+from .data import ForecastDataset, SampleDataset, held_in_memory, open_array, store_info
 
 
 def _rounded(values) -> list:
@@ -237,6 +237,7 @@ class ForecastTask(Task):
 
     def dataset(self, split, rank_channels, seed, cache=True):
         lead = tuple(self.cfg.train.forecast.lead_hours)
+        cache_bytes = self.cache_bytes if cache else 0
         return ForecastDataset(
             self.stores[split],
             self.channels,
@@ -244,8 +245,17 @@ class ForecastTask(Task):
             self.outputs,
             lead,
             seed,
-            self.cache_bytes if cache else 0,
-            self.cfg.train.num_workers > 0,
+            cache_bytes,
+            cache_bytes > 0 and self._workers_read_zarr(rank_channels),
+        )
+
+    def _workers_read_zarr(self, rank_channels: list[int]) -> bool:
+        """Whether this process's DataLoader workers will read a split from Zarr (with
+        tensorstore, which they cannot use if this process used it: its in-memory copies are
+        then read with zarr): it has workers, and a split is too large to hold in memory."""
+        channels = len(rank_channels) + len(self.outputs)
+        return self.cfg.train.num_workers > 0 and not all(
+            held_in_memory(self.stores[s], channels, self.cache_bytes) for s in ("train", "val")
         )
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):

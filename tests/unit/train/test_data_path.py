@@ -132,7 +132,7 @@ def test_a_batch_from_zarr_is_the_one_from_memory_and_zarrs_own_reads_bit_for_bi
         args = (path, channels, rank, outputs, (24, 48), 5)
         from_zarr, cached = ForecastDataset(*args), ForecastDataset(*args, cache_bytes=2**30)
         assert from_zarr.x_mem is None and cached.x_mem is not None and cached.x_mem.dtype == np.float32
-        by_zarr = ForecastDataset(*args, cache_bytes=2**30, forks_workers=True)
+        by_zarr = ForecastDataset(*args, cache_bytes=2**30, workers_read_zarr=True)
         assert np.array_equal(by_zarr.x_mem, cached.x_mem) and np.array_equal(by_zarr.y_mem, cached.y_mem)
         batch = [6, 0, 3, 6, 1]
         want_x = [names.index(channels[r]) for r in rank]
@@ -144,6 +144,27 @@ def test_a_batch_from_zarr_is_the_one_from_memory_and_zarrs_own_reads_bit_for_bi
             later = t + int(lead) // 24
             assert np.array_equal(x.numpy(), array.get_orthogonal_selection((t, want_x)))
             assert np.array_equal(y.numpy(), array.get_orthogonal_selection((later, want_y)))
+
+
+@pytest.mark.parametrize(
+    "workers, cache_mb, zarr_in_workers", [(0, 0, False), (0, 1024, False), (1, 1024, False), (1, 0, True)]
+)
+def test_the_in_memory_copies_are_read_with_zarr_only_where_loader_workers_read_zarr(
+    data_root, workers, cache_mb, zarr_in_workers
+):
+    """Loader workers forked from a process that used tensorstore cannot use it: a forecast
+    run's in-memory copies are read with zarr only where the run has workers and a split is too
+    large to hold in memory (its workers read that split from Zarr, with tensorstore)."""
+    from support.commands import run_config
+
+    from dchag.config import run_settings, validate
+    from dchag.train.tasks import build_task
+
+    root, base = data_root
+    cfg = validate(run_config(base, num_workers=workers, cache_mb=cache_mb))
+    stores = {split: root / "era5" / f"{split}.zarr" for split in ("train", "val")}
+    task = build_task(run_settings(cfg, "f"), stores)
+    assert task._workers_read_zarr([0, 2, 3, 5]) is zarr_in_workers
 
 
 LOADER_SCRIPT = """
@@ -259,18 +280,20 @@ def test_the_committed_loader_benchmark_shows_the_rates_the_readme_states():
 
 def test_training_from_zarr_with_workers_equals_training_from_memory(data_root, tmp_path):
     """A D-CHAG run on 2 ranks whose batches come from Zarr (cache_mb 0) through a DataLoader
-    worker each ends with the weights of the same run read from memory, bit for bit."""
+    worker each ends with the weights of the same run read from memory, bit for bit, with a
+    worker each (forked after the ranks read their in-memory copies with tensorstore) or none."""
     from support.commands import final_weights, run_config, train_in_ranks
 
     root, base = data_root
     weights = {}
-    for name, extra in (("zarr", {"cache_mb": 0, "num_workers": 1}), ("memory", {})):
+    for name, extra in (("zarr", {"cache_mb": 0, "num_workers": 1}), ("memory", {}), ("workers", {"num_workers": 1})):
         out = tmp_path / name
         text = train_in_ranks(run_config(base, steps=4, checkpoint_every=4, val_every=4, **extra), out, root)
         assert (out / "final" / ".metadata").exists() and "read with zarr" not in text, text[-3000:]
         weights[name] = final_weights(out)
-    assert weights["zarr"].keys() == weights["memory"].keys()
-    assert all(torch.equal(weights["zarr"][k], weights["memory"][k]) for k in weights["zarr"])
+    for name in ("zarr", "workers"):
+        assert weights[name].keys() == weights["memory"].keys()
+        assert all(torch.equal(weights[name][k], weights["memory"][k]) for k in weights[name]), name
 
 
 @pytest.mark.parametrize("before, after", [(2, 4), (4, 3), (3, 1)])
