@@ -145,15 +145,10 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def _block_bytes(array: zarr.Array, channels: int) -> int:
-    """Bytes of ``channels`` channels (axis 1) of every sample of ``array`` as float32."""
-    return array.shape[0] * channels * int(np.prod(array.shape[2:])) * 4
-
-
-def held_in_memory(store: str | Path, channels: int, cache_bytes: int) -> bool:
-    """Whether a :class:`ForecastDataset` of ``store`` reading ``channels`` channels (the rank's
-    and the outputs) holds them in memory under ``cache_bytes``."""
-    return _block_bytes(open_array(store, "data"), channels) <= cache_bytes
+def held_in_memory(array: zarr.Array, channels: int, cache_bytes: int) -> bool:
+    """Whether ``channels`` channels (axis 1) of every sample of ``array``, as float32, fit in
+    ``cache_bytes``: a dataset reading them holds them in memory."""
+    return array.shape[0] * channels * int(np.prod(array.shape[2:])) * 4 <= cache_bytes
 
 
 class ForecastDataset(Dataset):
@@ -206,7 +201,7 @@ class ForecastDataset(Dataset):
         # the rank's inputs and the outputs, in memory when they fit (reading a batch from Zarr
         # costs a chunk per sample, channel and time step)
         self.x_mem = self.y_mem = None
-        if _block_bytes(self.data, len(self.in_ids) + len(self.out_ids)) <= cache_bytes:
+        if held_in_memory(self.data, len(self.in_ids) + len(self.out_ids), cache_bytes):
             self.x_mem = self._load(self.in_ids, workers_read_zarr)
             self.y_mem = self._load(self.out_ids, workers_read_zarr)
 
@@ -276,7 +271,7 @@ class SampleDataset(Dataset):
         self.labels = (
             np.asarray(open_array(store, f"{split}/label")[:], dtype=np.int64) - 1 if var == "patches" else None
         )
-        fits = _block_bytes(self.array, self.hi - self.lo) <= cache_bytes
+        fits = held_in_memory(self.array, self.hi - self.lo, cache_bytes)
         self.x_mem = np.asarray(self.array[:, self.lo : self.hi], dtype=np.float32) if fits else None
 
     def __len__(self) -> int:

@@ -255,7 +255,7 @@ class ForecastTask(Task):
         then read with zarr): it has workers, and a split is too large to hold in memory."""
         channels = len(rank_channels) + len(self.outputs)
         return self.cfg.train.num_workers > 0 and not all(
-            held_in_memory(self.stores[s], channels, self.cache_bytes) for s in ("train", "val")
+            held_in_memory(open_array(self.stores[s], "data"), channels, self.cache_bytes) for s in ("train", "val")
         )
 
     def loss(self, model, batch, step, seed, channel_group, active_groups=None):
